@@ -1,0 +1,298 @@
+//! The checkpoint as DeepSeek publishes it: `model.safetensors.index.json` plus shards (or a
+//! single `model.safetensors`). Opening parses every shard header once and builds one
+//! name → (shard, dtype, shape, byte range) table; nothing else is read until asked.
+//! Files are opened read-only and never written.
+
+mod io;
+pub mod safetensors;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+pub use io::read_exact_at;
+
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Index into `Checkpoint::shards`.
+    pub shard: usize,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Absolute byte offset in the shard file.
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+pub struct Shard {
+    pub path: PathBuf,
+    pub file_name: String,
+    pub file: File,
+    pub len: u64,
+}
+
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub shards: Vec<Shard>,
+    tensors: HashMap<String, TensorInfo>,
+}
+
+impl Checkpoint {
+    /// Opens and validates the file structure of a checkpoint directory.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let meta = std::fs::metadata(dir).map_err(|e| Error::io(dir, "checkpoint directory", e))?;
+        if !meta.is_dir() {
+            return Err(Error::arg(format!(
+                "{}: is a file, not a checkpoint directory (pass the folder holding config.json and the shards)",
+                dir.display()
+            )));
+        }
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let (shard_names, weight_map) = if index_path.exists() {
+            let (names, map) = parse_index(&index_path)?;
+            (names, Some(map))
+        } else if single.exists() {
+            (vec!["model.safetensors".to_string()], None)
+        } else {
+            return Err(Error::NotFound {
+                path: index_path,
+                detail: "neither model.safetensors.index.json nor model.safetensors is in the checkpoint directory".into(),
+            });
+        };
+
+        let mut shards = Vec::with_capacity(shard_names.len());
+        let mut tensors: HashMap<String, TensorInfo> = HashMap::new();
+        for (si, fname) in shard_names.iter().enumerate() {
+            let path = dir.join(fname);
+            let file = File::open(&path).map_err(|e| {
+                Error::io(
+                    &path,
+                    format!(
+                        "shard named in {}",
+                        if weight_map.is_some() {
+                            "model.safetensors.index.json"
+                        } else {
+                            "the checkpoint"
+                        }
+                    ),
+                    e,
+                )
+            })?;
+            let len = file
+                .metadata()
+                .map_err(|e| Error::io(&path, "stat", e))?
+                .len();
+            if len < 8 {
+                return Err(Error::checkpoint(
+                    fname.clone(),
+                    format!("file is {len} bytes, too short for a safetensors header (truncated?)"),
+                ));
+            }
+            let mut prefix = [0u8; 8];
+            read_exact_at(&file, &path, &mut prefix, 0)?;
+            let hl = safetensors::header_len(fname, &prefix, len)?;
+            let mut header = vec![0u8; hl as usize];
+            read_exact_at(&file, &path, &mut header, 8)?;
+            for e in safetensors::parse_header(fname, &header, len)? {
+                if let Some(prev) = tensors.get(&e.name) {
+                    return Err(Error::checkpoint(
+                        fname.clone(),
+                        format!(
+                            "tensor {} is also in {} (duplicate name across shards)",
+                            e.name, shard_names[prev.shard]
+                        ),
+                    ));
+                }
+                tensors.insert(
+                    e.name.clone(),
+                    TensorInfo {
+                        name: e.name,
+                        shard: si,
+                        dtype: e.dtype,
+                        shape: e.shape,
+                        offset: e.offset,
+                        len: e.len,
+                    },
+                );
+            }
+            shards.push(Shard {
+                path,
+                file_name: fname.clone(),
+                file,
+                len,
+            });
+        }
+
+        if let Some(map) = weight_map {
+            for (name, fname) in &map {
+                match tensors.get(name) {
+                    None => {
+                        return Err(Error::checkpoint(
+                            fname.clone(),
+                            format!("model.safetensors.index.json maps tensor {name} to this shard, but no shard contains it"),
+                        ))
+                    }
+                    Some(t) if &shard_names[t.shard] != fname => {
+                        return Err(Error::checkpoint(
+                            "model.safetensors.index.json",
+                            format!("tensor {name} is mapped to {fname} but is stored in {}", shard_names[t.shard]),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            for t in tensors.values() {
+                if !map.contains_key(&t.name) {
+                    return Err(Error::checkpoint(
+                        shard_names[t.shard].clone(),
+                        format!(
+                            "tensor {} is not listed in model.safetensors.index.json",
+                            t.name
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            tensors,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    pub fn file_of(&self, t: &TensorInfo) -> &str {
+        &self.shards[t.shard].file_name
+    }
+
+    /// The tensor, or an error naming it.
+    pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensors.get(name).ok_or_else(|| {
+            Error::checkpoint(
+                self.dir.display().to_string(),
+                format!("missing tensor {name} (required by config.json; is this a DeepSeek-V4-Flash checkpoint?)"),
+            )
+        })
+    }
+
+    /// The tensor, checked against the allowed dtypes and the exact shape.
+    pub fn expect(&self, name: &str, dtypes: &[DType], shape: &[usize]) -> Result<&TensorInfo> {
+        let t = self.tensor(name)?;
+        if !dtypes.contains(&t.dtype) {
+            let want: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+            return Err(Error::checkpoint(
+                self.file_of(t),
+                format!(
+                    "tensor {name}: expected dtype {}, found {}",
+                    want.join(" or "),
+                    t.dtype
+                ),
+            ));
+        }
+        if t.shape != shape {
+            return Err(Error::checkpoint(
+                self.file_of(t),
+                format!(
+                    "tensor {name}: expected shape {shape:?}, found {:?}",
+                    t.shape
+                ),
+            ));
+        }
+        Ok(t)
+    }
+
+    /// Reads a whole tensor's bytes.
+    pub fn read(&self, t: &TensorInfo) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; t.len as usize];
+        self.read_into(t.shard, t.offset, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Positional read of `buf.len()` bytes at `offset` of shard `shard`.
+    pub fn read_into(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let s = &self.shards[shard];
+        read_exact_at(&s.file, &s.path, buf, offset)
+    }
+
+    /// Reads an F32/BF16/F16 tensor as f32.
+    pub fn read_f32(&self, t: &TensorInfo) -> Result<Vec<f32>> {
+        let b = self.read(t)?;
+        let v = crate::dtype::to_f32_vec(t.dtype, &b).ok_or_else(|| {
+            Error::checkpoint(
+                self.file_of(t),
+                format!(
+                    "tensor {}: expected a float dtype, found {}",
+                    t.name, t.dtype
+                ),
+            )
+        })?;
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::checkpoint(
+                self.file_of(t),
+                format!(
+                    "tensor {}: element {i} is {} (expected finite values)",
+                    t.name, v[i]
+                ),
+            ));
+        }
+        Ok(v)
+    }
+}
+
+/// Parses `model.safetensors.index.json`: the shard names (sorted, deduplicated) and the map.
+fn parse_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
+    let f = "model.safetensors.index.json";
+    let text = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
+    let v: Value = serde_json::from_slice(&text)
+        .map_err(|e| Error::checkpoint(f, format!("not valid JSON ({e})")))?;
+    let wm = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| Error::checkpoint(f, "missing \"weight_map\" object"))?;
+    let mut map = HashMap::with_capacity(wm.len());
+    let mut names: Vec<String> = Vec::new();
+    for (k, s) in wm {
+        let s = s.as_str().ok_or_else(|| {
+            Error::checkpoint(f, format!("weight_map[{k:?}] is not a file name string"))
+        })?;
+        if s.contains('/') || s.contains('\\') || s.contains("..") {
+            return Err(Error::checkpoint(
+                f,
+                format!("weight_map[{k:?}] = {s:?} is not a plain file name"),
+            ));
+        }
+        names.push(s.to_string());
+        map.insert(k.clone(), s.to_string());
+    }
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(Error::checkpoint(f, "weight_map is empty"));
+    }
+    Ok((names, map))
+}

