@@ -2,9 +2,11 @@
 //! pass. The Python binding (`python.rs`) is a thin layer over these modules.
 
 pub mod checkpoint;
+pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod kernels;
+pub mod model;
 mod python;
 
 pub use error::{Error, Result};

@@ -1,13 +1,22 @@
 //! The `v4flash._core` extension module: converts arguments into owned Rust values, runs the
-//! work with the GIL released, and maps `Error` to Python exceptions in one place.
+//! work with the GIL released (on a worker thread, while the calling thread watches for
+//! Ctrl-C), and maps `Error` to Python exceptions in one place.
 
 use crate::error::Error;
+use crate::model::sample::{SampleParams, Sampler};
+use crate::model::session::{Snapshot as CoreSnapshot, State};
+use crate::model::{LoadOptions, Model as CoreModel, Want};
 use pyo3::create_exception;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyOSError,
     PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 create_exception!(
     _core,
@@ -24,9 +33,50 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Checkpoint { .. } | Error::Config(_) => V4FlashError::new_err(msg),
         Error::InvalidArgument(_) => PyValueError::new_err(msg),
         Error::Memory(_) => PyMemoryError::new_err(msg),
-        Error::Cancelled => PyKeyboardInterrupt::new_err(msg),
+        Error::Cancelled => PyKeyboardInterrupt::new_err("generation cancelled"),
         Error::Busy(_) => PyRuntimeError::new_err(msg),
     }
+}
+
+/// Runs `f` on a worker thread with the GIL released; the calling thread polls for signals
+/// (Ctrl-C) and, when one arrives, raises the cancel flag that `f` checks between steps.
+fn run_cancellable<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce(&AtomicBool) -> crate::Result<T> + Send,
+) -> PyResult<T> {
+    let cancel = AtomicBool::new(false);
+    let mut interrupted: Option<PyErr> = None;
+    let result = std::thread::scope(|s| {
+        let h = s.spawn(|| f(&cancel));
+        py.detach(|| {
+            while !h.is_finished() {
+                std::thread::sleep(Duration::from_millis(20));
+                if interrupted.is_none() {
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        interrupted = Some(e);
+                        cancel.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+        });
+        h.join()
+    });
+    match result {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(Error::Cancelled)) => Err(interrupted.unwrap_or_else(|| to_py(Error::Cancelled))),
+        Ok(Err(e)) => Err(to_py(e)),
+        Err(_) => Err(PyRuntimeError::new_err(
+            "internal error: the v4flash worker thread panicked",
+        )),
+    }
+}
+
+fn f32_bytes<'py>(py: Python<'py>, v: &[f32]) -> Bound<'py, PyBytes> {
+    let mut b = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        b.extend_from_slice(&x.to_le_bytes());
+    }
+    PyBytes::new(py, &b)
 }
 
 #[pyfunction]
@@ -36,8 +86,293 @@ fn kernel_tier() -> &'static str {
 
 /// Opens a checkpoint directory and validates its file structure; returns the tensor count.
 #[pyfunction]
-fn open_checkpoint(py: Python<'_>, path: std::path::PathBuf) -> PyResult<usize> {
-    py.detach(|| crate::checkpoint::Checkpoint::open(&path).map(|c| c.len())).map_err(to_py)
+fn open_checkpoint(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+    py.detach(|| crate::checkpoint::Checkpoint::open(&path).map(|c| c.len()))
+        .map_err(to_py)
+}
+
+#[pyclass(frozen, name = "Model")]
+struct PyModel {
+    inner: Arc<CoreModel>,
+}
+
+#[pymethods]
+impl PyModel {
+    #[staticmethod]
+    #[pyo3(signature = (path, threads=None, expert_cache=None))]
+    fn load(
+        py: Python<'_>,
+        path: PathBuf,
+        threads: Option<usize>,
+        expert_cache: Option<usize>,
+    ) -> PyResult<PyModel> {
+        let opts = LoadOptions {
+            threads,
+            expert_cache,
+        };
+        let m = run_cancellable(py, |_| CoreModel::load(&path, &opts))?;
+        Ok(PyModel { inner: Arc::new(m) })
+    }
+
+    /// Teacher-forced logits for every position, from a fresh state: (bytes, rows, vocab).
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<u32>,
+    ) -> PyResult<(Bound<'py, PyBytes>, usize, usize)> {
+        let m = self.inner.clone();
+        let v = run_cancellable(py, |c| {
+            let mut st = m.new_state();
+            m.forward(&mut st, &ids, Want::All, &|| c.load(Ordering::Relaxed))
+        })?;
+        Ok((f32_bytes(py, &v), ids.len(), self.inner.cfg.vocab_size))
+    }
+
+    fn session(&self) -> PySession {
+        PySession {
+            model: self.inner.clone(),
+            st: Arc::new(Mutex::new(SessState::new(&self.inner))),
+        }
+    }
+
+    #[getter]
+    fn threads(&self) -> usize {
+        self.inner.threads
+    }
+
+    #[getter]
+    fn resident_bytes(&self) -> usize {
+        self.inner.resident_bytes
+    }
+
+    #[getter]
+    fn expert_bytes(&self) -> usize {
+        self.inner.experts.expert_bytes()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let m = &self.inner;
+        let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        d.set_item("prefill_tokens", ld(&m.counters.prefill_tokens))?;
+        d.set_item("decode_tokens", ld(&m.counters.decode_tokens))?;
+        d.set_item("prefill_s", ld(&m.counters.prefill_ns) as f64 * 1e-9)?;
+        d.set_item("decode_s", ld(&m.counters.decode_ns) as f64 * 1e-9)?;
+        let e = &m.experts.counters;
+        d.set_item("expert_requests", ld(&e.requests))?;
+        d.set_item("expert_hits", ld(&e.hits))?;
+        d.set_item("expert_misses", ld(&e.misses))?;
+        d.set_item("expert_bytes_read", ld(&e.bytes_read))?;
+        d.set_item("expert_read_s", ld(&e.read_ns) as f64 * 1e-9)?;
+        d.set_item("kernel_tier", crate::kernels::tier_name())?;
+        d.set_item("threads", m.threads)?;
+        Ok(d)
+    }
+}
+
+/// A session's state plus the last sampled token that is not yet fed (it is fed first by
+/// the next call, so a finished answer costs no extra forward step).
+struct SessState {
+    st: State,
+    pending: Option<u32>,
+    /// Logits after the last fed token, when the last call computed them.
+    last: Option<Vec<f32>>,
+}
+
+impl SessState {
+    fn new(m: &CoreModel) -> SessState {
+        SessState {
+            st: m.new_state(),
+            pending: None,
+            last: None,
+        }
+    }
+}
+
+#[pyclass(frozen, name = "Session")]
+struct PySession {
+    model: Arc<CoreModel>,
+    st: Arc<Mutex<SessState>>,
+}
+
+#[pyclass(frozen, name = "Snapshot")]
+struct PySnapshot {
+    snap: CoreSnapshot,
+}
+
+#[pymethods]
+impl PySnapshot {
+    #[getter]
+    fn position(&self) -> usize {
+        self.snap.pos()
+    }
+}
+
+impl PySession {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, SessState>> {
+        self.st.try_lock().map_err(|_| {
+            PyRuntimeError::new_err("this session is busy with another call (one call at a time per session; use separate sessions for concurrency)")
+        })
+    }
+}
+
+fn flush(
+    m: &CoreModel,
+    s: &mut SessState,
+    ids: &[u32],
+    want: Want,
+    cancel: &(dyn Fn() -> bool + Sync),
+) -> crate::Result<()> {
+    let mut all = Vec::with_capacity(ids.len() + 1);
+    all.extend(s.pending);
+    all.extend_from_slice(ids);
+    if all.is_empty() {
+        return Ok(());
+    }
+    m.check_ids(&all)?;
+    let v = m.forward(&mut s.st, &all, want, cancel)?;
+    s.pending = None;
+    s.last = if want == Want::Last { Some(v) } else { None };
+    Ok(())
+}
+
+#[pymethods]
+impl PySession {
+    /// Number of tokens in the sequence (including a sampled token not yet fed).
+    #[getter]
+    fn position(&self) -> PyResult<usize> {
+        let s = self.lock()?;
+        Ok(s.st.pos() + s.pending.is_some() as usize)
+    }
+
+    /// Token ids of the whole sequence so far.
+    #[getter]
+    fn tokens(&self) -> PyResult<Vec<u32>> {
+        let s = self.lock()?;
+        let mut t = s.st.tokens.clone();
+        t.extend(s.pending);
+        Ok(t)
+    }
+
+    /// Feeds tokens (prefill) without sampling.
+    fn feed(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        let mut guard = self.lock()?;
+        let s: &mut SessState = &mut guard;
+        let m = self.model.clone();
+        run_cancellable(py, |c| {
+            flush(&m, s, &ids, Want::Last, &|| c.load(Ordering::Relaxed))
+        })
+    }
+
+    /// Feeds `ids` then samples up to `max_new` tokens, stopping after a stop id.
+    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        ids: Vec<u32>,
+        max_new: usize,
+        temperature: f32,
+        top_p: f32,
+        top_k: usize,
+        seed: u64,
+        stop_ids: Vec<u32>,
+    ) -> PyResult<Vec<u32>> {
+        let params = SampleParams {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        };
+        params.check().map_err(to_py)?;
+        let mut guard = self.lock()?;
+        let s: &mut SessState = &mut guard;
+        let m = self.model.clone();
+        let mut out = Vec::new();
+        let r = run_cancellable(py, |c| {
+            let cancel = || c.load(Ordering::Relaxed);
+            let mut sampler = Sampler::new(params);
+            if !ids.is_empty() || s.pending.is_some() || s.last.is_none() {
+                if ids.is_empty() && s.pending.is_none() {
+                    return Err(Error::arg(
+                        "generate needs at least one token to condition on (the prompt is empty)",
+                    ));
+                }
+                flush(&m, s, &ids, Want::Last, &cancel)?;
+            }
+            while out.len() < max_new {
+                let logits = s
+                    .last
+                    .take()
+                    .ok_or_else(|| Error::arg("no logits to sample from"))?;
+                let tok = sampler.pick(&logits);
+                out.push(tok);
+                s.pending = Some(tok);
+                if stop_ids.contains(&tok) || out.len() == max_new {
+                    break;
+                }
+                if cancel() {
+                    return Err(Error::Cancelled);
+                }
+                flush(&m, s, &[], Want::Last, &cancel)?;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(out),
+            // A cancelled generation keeps the tokens produced so far (the state is consistent).
+            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) && !out.is_empty() => Ok(out),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Samples one token (feeding `ids` first); used by the Python streaming iterator.
+    #[pyo3(signature = (ids, temperature, top_p, top_k, seed))]
+    fn step(
+        &self,
+        py: Python<'_>,
+        ids: Vec<u32>,
+        temperature: f32,
+        top_p: f32,
+        top_k: usize,
+        seed: u64,
+    ) -> PyResult<u32> {
+        let out = self.generate(py, ids, 1, temperature, top_p, top_k, seed, Vec::new())?;
+        out.first()
+            .copied()
+            .ok_or_else(|| PyKeyboardInterrupt::new_err("generation cancelled"))
+    }
+
+    fn snapshot(&self, py: Python<'_>) -> PyResult<PySnapshot> {
+        let mut guard = self.lock()?;
+        let s: &mut SessState = &mut guard;
+        let m = self.model.clone();
+        if s.pending.is_some() {
+            run_cancellable(py, |c| {
+                flush(&m, s, &[], Want::Last, &|| c.load(Ordering::Relaxed))
+            })?;
+        }
+        Ok(PySnapshot {
+            snap: s.st.snapshot(),
+        })
+    }
+
+    fn rollback(&self, snap: &PySnapshot) -> PyResult<()> {
+        let mut s = self.lock()?;
+        if s.pending.is_some() {
+            // The pending token lies after every snapshot position; it is dropped.
+            s.pending = None;
+        }
+        s.st.rollback(&snap.snap).map_err(to_py)?;
+        s.last = None;
+        Ok(())
+    }
+
+    fn reset(&self) -> PyResult<()> {
+        let mut s = self.lock()?;
+        *s = SessState::new(&self.model);
+        Ok(())
+    }
 }
 
 #[pymodule]
@@ -46,5 +381,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("V4FlashError", m.py().get_type::<V4FlashError>())?;
     m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
+    m.add_class::<PyModel>()?;
+    m.add_class::<PySession>()?;
+    m.add_class::<PySnapshot>()?;
     Ok(())
 }

@@ -1,0 +1,229 @@
+//! Shared-KV multi-query attention for the three layer kinds (spec §3): the low-rank query
+//! path, the sliding window, the compressed entries (HCA: all visible ones; CSA: the
+//! lightning indexer's top-k of them), per-head sinks, output de-rotation and the grouped
+//! output projection.
+
+use super::compressor::{CompState, CompressorWeights};
+use super::rope::Rope;
+use super::weights::Linear;
+use crate::config::{LayerKind, ModelConfig};
+use crate::kernels::ops;
+use rayon::prelude::*;
+
+pub struct IndexerWeights {
+    pub comp: CompressorWeights,
+    /// [IH·ID, q_lora] FP8
+    pub wq_b: Linear,
+    /// [IH, H] BF16
+    pub weights_proj: Linear,
+}
+
+pub struct AttnWeights {
+    pub kind: LayerKind,
+    /// [q_lora, H]
+    pub wq_a: Linear,
+    /// [q_lora]
+    pub q_norm: Vec<f32>,
+    /// [NH·D, q_lora]
+    pub wq_b: Linear,
+    /// [D, H]
+    pub wkv: Linear,
+    /// [D]
+    pub kv_norm: Vec<f32>,
+    /// [G·R, NH·D/G]
+    pub wo_a: Linear,
+    /// [H, G·R]
+    pub wo_b: Linear,
+    /// [NH]
+    pub sinks: Vec<f32>,
+    pub comp: Option<CompressorWeights>,
+    pub indexer: Option<IndexerWeights>,
+}
+
+/// Per-sequence attention state of one layer.
+#[derive(Clone, Default)]
+pub struct AttnState {
+    /// [≤ W-1, D] kv of the most recent tokens, oldest first.
+    pub window: Vec<f32>,
+    pub comp: CompState,
+    pub idx: CompState,
+}
+
+pub struct Ctx<'a> {
+    pub cfg: &'a ModelConfig,
+    pub rope_main: &'a Rope,
+    pub rope_comp: &'a Rope,
+}
+
+impl AttnWeights {
+    /// x: [n, H] normed input of n consecutive tokens starting at absolute position `pos0`.
+    /// Returns [n, H] and advances `st`.
+    pub fn forward(
+        &self,
+        cx: &Ctx,
+        st: &mut AttnState,
+        x: &[f32],
+        n: usize,
+        pos0: usize,
+    ) -> Vec<f32> {
+        let c = cx.cfg;
+        let (nh, d) = (c.num_heads, c.head_dim);
+        let eps = c.rms_norm_eps;
+        let rope = if self.kind == LayerKind::Sliding {
+            cx.rope_main
+        } else {
+            cx.rope_comp
+        };
+
+        // q path: [n, q_lora] → [n, NH·D]
+        let mut qr = self.wq_a.forward(x, n);
+        for r in qr.chunks_exact_mut(c.q_lora_rank) {
+            ops::rms_norm(r, &self.q_norm, eps);
+        }
+        let mut q = self.wq_b.forward(&qr, n);
+        for (t, qt) in q.chunks_exact_mut(nh * d).enumerate() {
+            for head in qt.chunks_exact_mut(d) {
+                ops::rms_norm_unweighted(head, eps);
+            }
+            rope.apply(qt, d, pos0 + t, 1.0);
+        }
+        // kv: [n, D]
+        let mut kv = self.wkv.forward(x, n);
+        for (t, k) in kv.chunks_exact_mut(d).enumerate() {
+            ops::rms_norm(k, &self.kv_norm, eps);
+            rope.apply(k, d, pos0 + t, 1.0);
+        }
+        let prev = st.window.len() / d;
+        let mut keys = std::mem::take(&mut st.window);
+        keys.extend_from_slice(&kv); // [prev + n, D], positions pos0-prev ..
+        let first_pos = pos0 - prev;
+
+        // compressed entries (emitted for every window closed by these tokens)
+        if let Some(cw) = &self.comp {
+            cw.push(&mut st.comp, x, n, cx.rope_comp, eps);
+        }
+        let sel = match &self.indexer {
+            Some(ix) => Some(self.index_select(cx, ix, &mut st.idx, x, &qr, n, pos0)),
+            None => None,
+        };
+        let entries = &st.comp.entries;
+        let n_entries = entries.len() / d;
+        let ratio = self.kind.ratio();
+
+        // attention per (token, head)
+        let scale = (d as f32).powf(-0.5);
+        let w = c.sliding_window;
+        let mut o = vec![0f32; n * nh * d];
+        o.par_chunks_mut(d).enumerate().for_each(|(i, out)| {
+            let (t, h) = (i / nh, i % nh);
+            let pos = pos0 + t;
+            let qh = &q[i * d..(i + 1) * d];
+            let lo = (pos + 1).saturating_sub(w).max(first_pos) - first_pos;
+            let hi = pos - first_pos; // inclusive
+            let mut ks: Vec<&[f32]> = (lo..=hi).map(|j| &keys[j * d..(j + 1) * d]).collect();
+            if let Some(q) = (pos + 1).checked_div(ratio) {
+                let vis = q.min(n_entries);
+                match &sel {
+                    Some(sel) => {
+                        for &e in &sel[t] {
+                            ks.push(&entries[e * d..(e + 1) * d]);
+                        }
+                    }
+                    None => {
+                        for e in 0..vis {
+                            ks.push(&entries[e * d..(e + 1) * d]);
+                        }
+                    }
+                }
+            }
+            let mut logits: Vec<f32> = ks.iter().map(|k| ops::dot(qh, k) * scale).collect();
+            logits.push(self.sinks[h]);
+            ops::softmax(&mut logits);
+            out.fill(0.0);
+            for (k, &p) in ks.iter().zip(&logits) {
+                for (o, &v) in out.iter_mut().zip(k.iter()) {
+                    *o += p * v;
+                }
+            }
+        });
+        for (t, ot) in o.chunks_exact_mut(nh * d).enumerate() {
+            rope.apply(ot, d, pos0 + t, -1.0);
+        }
+
+        // grouped output projection: group g = heads g·NH/G.. → rows g·R.. of wo_a
+        let (g, r) = (c.o_groups, c.o_lora_rank);
+        let gw = nh * d / g;
+        let mut z = vec![0f32; n * g * r];
+        let mut xg = vec![0f32; n * gw];
+        for gi in 0..g {
+            for t in 0..n {
+                xg[t * gw..(t + 1) * gw]
+                    .copy_from_slice(&o[t * nh * d + gi * gw..t * nh * d + (gi + 1) * gw]);
+            }
+            let y = self.wo_a.forward_rows(gi * r..(gi + 1) * r, &xg, n);
+            for t in 0..n {
+                z[t * g * r + gi * r..t * g * r + (gi + 1) * r]
+                    .copy_from_slice(&y[t * r..(t + 1) * r]);
+            }
+        }
+        let out = self.wo_b.forward(&z, n);
+
+        // keep the last W-1 tokens for the next call
+        let total = prev + n;
+        let keep = total.min(w.saturating_sub(1));
+        st.window = keys[(total - keep) * d..].to_vec();
+        out
+    }
+
+    /// The lightning indexer: for each of the n queries, the compressed entries it attends to.
+    #[allow(clippy::too_many_arguments)]
+    fn index_select(
+        &self,
+        cx: &Ctx,
+        ix: &IndexerWeights,
+        st: &mut CompState,
+        x: &[f32],
+        qr: &[f32],
+        n: usize,
+        pos0: usize,
+    ) -> Vec<Vec<usize>> {
+        let c = cx.cfg;
+        let (ih, id) = (c.index_n_heads, c.index_head_dim);
+        ix.comp.push(st, x, n, cx.rope_comp, c.rms_norm_eps);
+        let mut qi = ix.wq_b.forward(qr, n); // [n, IH·ID]
+        for (t, qt) in qi.chunks_exact_mut(ih * id).enumerate() {
+            cx.rope_comp.apply(qt, id, pos0 + t, 1.0);
+        }
+        let wts = ix.weights_proj.forward(x, n); // [n, IH]
+        let n_entries = st.entries.len() / id;
+        let k = c.index_topk.min(n_entries);
+        let ratio = ix.comp.ratio;
+        let sm = (id as f32).powf(-0.5);
+        let ws = (ih as f32).powf(-0.5);
+        (0..n)
+            .into_par_iter()
+            .map(|t| {
+                let vis = ((pos0 + t + 1) / ratio).min(n_entries);
+                if vis <= k {
+                    return (0..vis).collect();
+                }
+                let qt = &qi[t * ih * id..(t + 1) * ih * id];
+                let mut scored: Vec<(f32, usize)> = (0..vis)
+                    .map(|e| {
+                        let ke = &st.entries[e * id..(e + 1) * id];
+                        let mut s = 0f32;
+                        for h in 0..ih {
+                            let dp = ops::dot(&qt[h * id..(h + 1) * id], ke).max(0.0) * sm;
+                            s += dp * (wts[t * ih + h] * ws);
+                        }
+                        (s, e)
+                    })
+                    .collect();
+                scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                let mut sel: Vec<usize> = scored[..k].iter().map(|p| p.1).collect();
+                sel.sort_unstable();
+                sel
+            })
+            .collect()
+    }
+}

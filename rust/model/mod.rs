@@ -1,0 +1,435 @@
+//! The DeepSeek V4 Flash model: resident weights, the expert store, and the forward pass
+//! over a chunk of tokens (spec §2–§5). Prefill and decode run the same code; prefill just
+//! passes more tokens per call.
+
+pub mod attention;
+pub mod compressor;
+pub mod experts;
+pub mod hc;
+pub mod moe;
+pub mod rope;
+pub mod sample;
+pub mod session;
+pub mod weights;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{LayerKind, ModelConfig};
+use crate::error::{Error, Result};
+use crate::kernels::ops;
+use attention::{AttnWeights, Ctx, IndexerWeights};
+use compressor::CompressorWeights;
+use experts::ExpertStore;
+use hc::HyperConn;
+use moe::MoeWeights;
+use rope::Rope;
+use session::State;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use weights::{Linear, Loader};
+
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub ffn_norm: Vec<f32>,
+    pub hc_attn: HyperConn,
+    pub hc_ffn: HyperConn,
+    pub attn: AttnWeights,
+    pub moe: MoeWeights,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub prefill_tokens: AtomicU64,
+    pub decode_tokens: AtomicU64,
+    pub prefill_ns: AtomicU64,
+    pub decode_ns: AtomicU64,
+}
+
+pub struct LoadOptions {
+    pub threads: Option<usize>,
+    /// Maximum number of routed experts held in memory.
+    pub expert_cache: Option<usize>,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub ck: Arc<Checkpoint>,
+    /// [V, H]
+    embed: Linear,
+    /// [V, H]
+    head: Linear,
+    /// [H]
+    norm: Vec<f32>,
+    /// [hc, hc·H]
+    hc_head_fn: Vec<f32>,
+    hc_head_base: Vec<f32>,
+    hc_head_scale: f32,
+    pub layers: Vec<Layer>,
+    rope_main: Rope,
+    rope_comp: Rope,
+    pub experts: ExpertStore,
+    pub pool: rayon::ThreadPool,
+    pub threads: usize,
+    pub resident_bytes: usize,
+    pub counters: Counters,
+}
+
+/// What logits a forward call returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    None,
+    Last,
+    All,
+}
+
+impl Model {
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let ck = Arc::new(Checkpoint::open(dir)?);
+        let threads = match opts.threads {
+            Some(0) => return Err(Error::arg("threads must be at least 1")),
+            Some(t) => t,
+            None => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("v4flash-{i}"))
+            .build()
+            .map_err(|e| Error::arg(format!("cannot start {threads} threads: {e}")))?;
+        let c = &cfg;
+        let (h, hcm, v) = (c.hidden_size, c.hc_mult, c.vocab_size);
+        let mut ld = Loader::new(&ck);
+        let embed = ld.dense("embed", v, h)?;
+        let head = ld.dense("head", v, h)?;
+        let norm = ld.floats("norm.weight", &[h])?;
+        let hc_head_fn = ld.floats("hc_head_fn", &[hcm, hcm * h])?;
+        let hc_head_base = ld.floats("hc_head_base", &[hcm])?;
+        let hc_head_scale = ld.floats("hc_head_scale", &[1])?[0];
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for l in 0..c.num_layers {
+            layers.push(load_layer(&mut ld, c, l)?);
+        }
+        let resident_bytes = ld.loaded;
+        let cap = opts
+            .expert_cache
+            .unwrap_or(c.num_layers * c.n_routed_experts);
+        let experts = ExpertStore::open(ck.clone(), c, cap)?;
+        Ok(Model {
+            rope_main: Rope::main(c),
+            rope_comp: Rope::compress(c),
+            cfg,
+            ck,
+            embed,
+            head,
+            norm,
+            hc_head_fn,
+            hc_head_base,
+            hc_head_scale,
+            layers,
+            experts,
+            pool,
+            threads,
+            resident_bytes,
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn new_state(&self) -> State {
+        State::new(self.cfg.num_layers)
+    }
+
+    /// Checks token ids against the vocabulary.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(Error::arg(format!(
+                "token id {bad} is out of the vocabulary (0..{})",
+                self.cfg.vocab_size - 1
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `ids` through the model, advancing `st`. On error (including cancellation) the
+    /// state is restored to what it was before the call.
+    pub fn forward(
+        &self,
+        st: &mut State,
+        ids: &[u32],
+        want: Want,
+        cancel: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<f32>> {
+        self.check_ids(ids)?;
+        let snap = st.snapshot();
+        let t0 = Instant::now();
+        let r = self
+            .pool
+            .install(|| self.forward_chunks(st, ids, want, cancel));
+        if r.is_err() {
+            st.rollback(&snap)?;
+        } else {
+            let (tok, ns) = if ids.len() == 1 {
+                (&self.counters.decode_tokens, &self.counters.decode_ns)
+            } else {
+                (&self.counters.prefill_tokens, &self.counters.prefill_ns)
+            };
+            tok.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn forward_chunks(
+        &self,
+        st: &mut State,
+        ids: &[u32],
+        want: Want,
+        cancel: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<f32>> {
+        const CHUNK: usize = 256;
+        let mut out = Vec::new();
+        let n_chunks = ids.len().div_ceil(CHUNK);
+        for (ci, chunk) in ids.chunks(CHUNK).enumerate() {
+            let w = match want {
+                Want::All => Want::All,
+                Want::Last if ci + 1 == n_chunks => Want::Last,
+                _ => Want::None,
+            };
+            out.extend(self.forward_chunk(st, chunk, w, cancel)?);
+        }
+        Ok(out)
+    }
+
+    fn forward_chunk(
+        &self,
+        st: &mut State,
+        ids: &[u32],
+        want: Want,
+        cancel: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let (h, hcm, n) = (c.hidden_size, c.hc_mult, ids.len());
+        let pos0 = st.pos();
+        if pos0 + n > c.max_position_embeddings {
+            return Err(Error::arg(format!(
+                "position {} exceeds max_position_embeddings ({})",
+                pos0 + n,
+                c.max_position_embeddings
+            )));
+        }
+        // streams X: [n, hc, H]
+        let mut x = vec![0f32; n * hcm * h];
+        let emb = self.embed.mat();
+        for (t, &id) in ids.iter().enumerate() {
+            let row = embed_row(&emb, id as usize, h);
+            for j in 0..hcm {
+                x[(t * hcm + j) * h..(t * hcm + j + 1) * h].copy_from_slice(&row);
+            }
+        }
+        let cx = Ctx {
+            cfg: c,
+            rope_main: &self.rope_main,
+            rope_comp: &self.rope_comp,
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
+            if cancel() {
+                return Err(Error::Cancelled);
+            }
+            // attention block
+            let mixes: Vec<hc::HcMix> = (0..n)
+                .map(|t| {
+                    layer.hc_attn.mix(
+                        &x[t * hcm * h..(t + 1) * hcm * h],
+                        hcm,
+                        c.hc_sinkhorn_iters,
+                        c.hc_eps,
+                        c.rms_norm_eps,
+                    )
+                })
+                .collect();
+            let mut xin = vec![0f32; n * h];
+            for (t, m) in mixes.iter().enumerate() {
+                let dst = &mut xin[t * h..(t + 1) * h];
+                dst.copy_from_slice(&m.collapsed);
+                ops::rms_norm(dst, &layer.attn_norm, c.rms_norm_eps);
+            }
+            let a = layer.attn.forward(&cx, &mut st.layers[l], &xin, n, pos0);
+            for (t, m) in mixes.iter().enumerate() {
+                hc::write_back(
+                    &mut x[t * hcm * h..(t + 1) * hcm * h],
+                    &a[t * h..(t + 1) * h],
+                    m,
+                    hcm,
+                );
+            }
+            // MoE block
+            let mixes: Vec<hc::HcMix> = (0..n)
+                .map(|t| {
+                    layer.hc_ffn.mix(
+                        &x[t * hcm * h..(t + 1) * hcm * h],
+                        hcm,
+                        c.hc_sinkhorn_iters,
+                        c.hc_eps,
+                        c.rms_norm_eps,
+                    )
+                })
+                .collect();
+            for (t, m) in mixes.iter().enumerate() {
+                let dst = &mut xin[t * h..(t + 1) * h];
+                dst.copy_from_slice(&m.collapsed);
+                ops::rms_norm(dst, &layer.ffn_norm, c.rms_norm_eps);
+            }
+            let f = layer.moe.forward(c, l, &self.experts, &xin, ids, n)?;
+            for (t, m) in mixes.iter().enumerate() {
+                hc::write_back(
+                    &mut x[t * hcm * h..(t + 1) * hcm * h],
+                    &f[t * h..(t + 1) * h],
+                    m,
+                    hcm,
+                );
+            }
+        }
+        st.tokens.extend_from_slice(ids);
+        let rows: Vec<usize> = match want {
+            Want::None => return Ok(Vec::new()),
+            Want::Last => vec![n - 1],
+            Want::All => (0..n).collect(),
+        };
+        let mut hs = vec![0f32; rows.len() * h];
+        for (i, &t) in rows.iter().enumerate() {
+            let mut v = hc::head_collapse(
+                &x[t * hcm * h..(t + 1) * hcm * h],
+                &self.hc_head_fn,
+                &self.hc_head_base,
+                self.hc_head_scale,
+                hcm,
+                c.hc_eps,
+                c.rms_norm_eps,
+            );
+            ops::rms_norm(&mut v, &self.norm, c.rms_norm_eps);
+            hs[i * h..(i + 1) * h].copy_from_slice(&v);
+        }
+        Ok(self.head.forward(&hs, rows.len()))
+    }
+}
+
+fn embed_row(m: &crate::kernels::MatRef, id: usize, h: usize) -> Vec<f32> {
+    match m.w {
+        crate::kernels::Weights::Bf16(d) => d[id * h * 2..(id + 1) * h * 2]
+            .chunks_exact(2)
+            .map(|c| crate::dtype::bf16_to_f32(c[0], c[1]))
+            .collect(),
+        crate::kernels::Weights::F32(d) => d[id * h..(id + 1) * h].to_vec(),
+        _ => vec![0.0; h],
+    }
+}
+
+fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
+    let (h, hcm, d, nh) = (c.hidden_size, c.hc_mult, c.head_dim, c.num_heads);
+    let p = format!("layers.{l}");
+    let mix = (2 + hcm) * hcm;
+    let hcw = |ld: &mut Loader, which: &str| -> Result<HyperConn> {
+        Ok(HyperConn {
+            fn_w: ld.floats(&format!("{p}.hc_{which}_fn"), &[mix, hcm * h])?,
+            base: ld.floats(&format!("{p}.hc_{which}_base"), &[mix])?,
+            scale: ld.floats(&format!("{p}.hc_{which}_scale"), &[3])?,
+        })
+    };
+    let hc_attn = hcw(ld, "attn")?;
+    let hc_ffn = hcw(ld, "ffn")?;
+    let kind = c.layer_kinds[l];
+    let a = format!("{p}.attn");
+    let comp = |ld: &mut Loader,
+                pre: &str,
+                ratio: usize,
+                dim: usize,
+                overlap: bool|
+     -> Result<CompressorWeights> {
+        let w = if overlap { 2 * dim } else { dim };
+        Ok(CompressorWeights {
+            ape: ld.floats(&format!("{pre}.ape"), &[ratio, w])?,
+            norm: ld.floats(&format!("{pre}.norm.weight"), &[dim])?,
+            wkv: ld.dense(&format!("{pre}.wkv"), w, h)?,
+            wgate: ld.dense(&format!("{pre}.wgate"), w, h)?,
+            ratio,
+            dim,
+            overlap,
+        })
+    };
+    let (compw, indexer) = match kind {
+        LayerKind::Sliding => (None, None),
+        LayerKind::Hca { ratio } => (
+            Some(comp(ld, &format!("{a}.compressor"), ratio, d, false)?),
+            None,
+        ),
+        LayerKind::Csa { ratio } => {
+            let cw = comp(ld, &format!("{a}.compressor"), ratio, d, true)?;
+            let ix = IndexerWeights {
+                comp: comp(
+                    ld,
+                    &format!("{a}.indexer.compressor"),
+                    ratio,
+                    c.index_head_dim,
+                    true,
+                )?,
+                wq_b: ld.fp8(
+                    &format!("{a}.indexer.wq_b"),
+                    c.index_n_heads * c.index_head_dim,
+                    c.q_lora_rank,
+                )?,
+                weights_proj: ld.dense(&format!("{a}.indexer.weights_proj"), c.index_n_heads, h)?,
+            };
+            (Some(cw), Some(ix))
+        }
+    };
+    let attn = AttnWeights {
+        kind,
+        wq_a: ld.fp8(&format!("{a}.wq_a"), c.q_lora_rank, h)?,
+        q_norm: ld.floats(&format!("{a}.q_norm.weight"), &[c.q_lora_rank])?,
+        wq_b: ld.fp8(&format!("{a}.wq_b"), nh * d, c.q_lora_rank)?,
+        wkv: ld.fp8(&format!("{a}.wkv"), d, h)?,
+        kv_norm: ld.floats(&format!("{a}.kv_norm.weight"), &[d])?,
+        wo_a: ld.fp8(
+            &format!("{a}.wo_a"),
+            c.o_groups * c.o_lora_rank,
+            nh * d / c.o_groups,
+        )?,
+        wo_b: ld.fp8(&format!("{a}.wo_b"), h, c.o_groups * c.o_lora_rank)?,
+        sinks: ld.floats(&format!("{a}.attn_sink"), &[nh])?,
+        comp: compw,
+        indexer,
+    };
+    let f = format!("{p}.ffn");
+    let hash = c.is_hash_layer(l);
+    let moe = MoeWeights {
+        gate: ld.dense(&format!("{f}.gate"), c.n_routed_experts, h)?,
+        bias: if hash {
+            None
+        } else {
+            Some(ld.floats(&format!("{f}.gate.bias"), &[c.n_routed_experts])?)
+        },
+        tid2eid: if hash {
+            Some(ld.tid2eid(
+                &format!("{f}.gate.tid2eid"),
+                c.vocab_size,
+                c.experts_per_tok,
+                c.n_routed_experts,
+            )?)
+        } else {
+            None
+        },
+        sw1: ld.fp8(&format!("{f}.shared_experts.w1"), c.moe_inter, h)?,
+        sw3: ld.fp8(&format!("{f}.shared_experts.w3"), c.moe_inter, h)?,
+        sw2: ld.fp8(&format!("{f}.shared_experts.w2"), h, c.moe_inter)?,
+    };
+    Ok(Layer {
+        attn_norm: ld.floats(&format!("{p}.attn_norm.weight"), &[h])?,
+        ffn_norm: ld.floats(&format!("{p}.ffn_norm.weight"), &[h])?,
+        hc_attn,
+        hc_ffn,
+        attn,
+        moe,
+    })
+}

@@ -1,0 +1,145 @@
+//! The MoE block (spec §4): sqrt-softplus router (bias only for the selection, renormalised
+//! weights × routed_scaling_factor), hash routing by `tid2eid[token]` on the first layers,
+//! SwiGLU experts with the clamps, and the shared expert. Each selected expert is applied
+//! once per chunk to all the tokens that chose it; per token, experts add up in ascending
+//! expert order whatever the chunking, so results do not depend on how tokens are batched.
+
+use super::experts::ExpertStore;
+use super::weights::Linear;
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::kernels::{self, ops, MatRef};
+
+pub struct MoeWeights {
+    /// [E, H] router
+    pub gate: Linear,
+    /// [E] selection bias (learned-routing layers)
+    pub bias: Option<Vec<f32>>,
+    /// [V, K] (hash layers)
+    pub tid2eid: Option<Vec<u16>>,
+    /// shared expert: w1 [I, H], w3 [I, H], w2 [H, I]
+    pub sw1: Linear,
+    pub sw3: Linear,
+    pub sw2: Linear,
+}
+
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// silu(min(g, limit)) · clamp(u, -limit, limit), in place into g.
+fn swiglu(g: &mut [f32], u: &[f32], limit: f32) {
+    for (a, &b) in g.iter_mut().zip(u) {
+        *a = ops::silu(a.min(limit)) * b.clamp(-limit, limit);
+    }
+}
+
+fn mm(m: &MatRef, x: &[f32], n: usize) -> Vec<f32> {
+    let mut y = vec![0f32; n * m.rows];
+    kernels::matmul(m, 0..m.rows, x, n, &mut y);
+    y
+}
+
+impl MoeWeights {
+    /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H].
+    pub fn forward(
+        &self,
+        c: &ModelConfig,
+        layer: usize,
+        store: &ExpertStore,
+        y: &[f32],
+        ids: &[u32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let (h, k, ne) = (c.hidden_size, c.experts_per_tok, c.n_routed_experts);
+        let logits = self.gate.forward(y, n); // [n, E]
+                                              // per token: (expert, weight) pairs
+        let mut routes: Vec<Vec<(usize, f32)>> = Vec::with_capacity(n);
+        for t in 0..n {
+            let s: Vec<f32> = logits[t * ne..(t + 1) * ne]
+                .iter()
+                .map(|&x| softplus(x).sqrt())
+                .collect();
+            let idx: Vec<usize> = match (&self.tid2eid, &self.bias) {
+                (Some(tab), _) => {
+                    let id = ids[t] as usize;
+                    tab[id * k..(id + 1) * k]
+                        .iter()
+                        .map(|&e| e as usize)
+                        .collect()
+                }
+                (None, bias) => {
+                    let mut order: Vec<(f32, usize)> = s
+                        .iter()
+                        .enumerate()
+                        .map(|(e, &v)| (v + bias.as_ref().map_or(0.0, |b| b[e]), e))
+                        .collect();
+                    order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                    order[..k].iter().map(|p| p.1).collect()
+                }
+            };
+            let mut sum = 0f32;
+            for &e in &idx {
+                sum += s[e];
+            }
+            let denom = sum + 1e-20;
+            routes.push(
+                idx.iter()
+                    .map(|&e| (e, s[e] / denom * c.routed_scaling_factor))
+                    .collect(),
+            );
+        }
+        // expert-major: each distinct expert once per chunk, ascending
+        let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
+        for (t, r) in routes.iter().enumerate() {
+            for &(e, w) in r {
+                users[e].push((t, w));
+            }
+        }
+        let mut routed = vec![0f32; n * h];
+        let mut started = vec![false; n];
+        for (e, us) in users.iter().enumerate() {
+            if us.is_empty() {
+                continue;
+            }
+            let ex = store.get(layer, e)?;
+            let m = us.len();
+            let mut xe = vec![0f32; m * h];
+            for (i, &(t, _)) in us.iter().enumerate() {
+                xe[i * h..(i + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
+            }
+            let mut g = mm(&ex.w1(), &xe, m);
+            let u = mm(&ex.w3(), &xe, m);
+            swiglu(&mut g, &u, c.swiglu_limit);
+            let out = mm(&ex.w2(), &g, m); // [m, H]
+            for (i, &(t, w)) in us.iter().enumerate() {
+                let dst = &mut routed[t * h..(t + 1) * h];
+                let src = &out[i * h..(i + 1) * h];
+                if started[t] {
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d += s * w;
+                    }
+                } else {
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d = s * w;
+                    }
+                    started[t] = true;
+                }
+            }
+        }
+        // shared expert
+        let mut g = self.sw1.forward(y, n);
+        let u = self.sw3.forward(y, n);
+        swiglu(&mut g, &u, c.swiglu_limit);
+        let shared = self.sw2.forward(&g, n);
+        for (r, s) in routed.iter_mut().zip(&shared) {
+            *r += s;
+        }
+        let _ = layer;
+        Ok(routed)
+    }
+}
