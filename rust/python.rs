@@ -99,16 +99,18 @@ struct PyModel {
 #[pymethods]
 impl PyModel {
     #[staticmethod]
-    #[pyo3(signature = (path, threads=None, expert_cache=None))]
+    #[pyo3(signature = (path, threads=None, expert_cache_bytes=None, ctx=None))]
     fn load(
         py: Python<'_>,
         path: PathBuf,
         threads: Option<usize>,
-        expert_cache: Option<usize>,
+        expert_cache_bytes: Option<u64>,
+        ctx: Option<usize>,
     ) -> PyResult<PyModel> {
         let opts = LoadOptions {
             threads,
-            expert_cache,
+            expert_cache_bytes,
+            ctx,
         };
         let m = run_cancellable(py, |_| CoreModel::load(&path, &opts))?;
         Ok(PyModel { inner: Arc::new(m) })
@@ -133,6 +135,11 @@ impl PyModel {
             model: self.inner.clone(),
             st: Arc::new(Mutex::new(SessState::new(&self.inner))),
         }
+    }
+
+    #[getter]
+    fn ctx(&self) -> usize {
+        self.inner.ctx
     }
 
     #[getter]
@@ -291,7 +298,7 @@ impl PySession {
         let mut out = Vec::new();
         let r = run_cancellable(py, |c| {
             let cancel = || c.load(Ordering::Relaxed);
-            let mut sampler = Sampler::new(params);
+
             if !ids.is_empty() || s.pending.is_some() || s.last.is_none() {
                 if ids.is_empty() && s.pending.is_none() {
                     return Err(Error::arg(
@@ -305,7 +312,10 @@ impl PySession {
                     .last
                     .take()
                     .ok_or_else(|| Error::arg("no logits to sample from"))?;
-                let tok = sampler.pick(&logits);
+                // step i samples with seed + i, so streaming step by step gives the same tokens
+                let mut p = params.clone();
+                p.seed = params.seed.wrapping_add(out.len() as u64);
+                let tok = Sampler::new(p).pick(&logits);
                 out.push(tok);
                 s.pending = Some(tok);
                 if stop_ids.contains(&tok) || out.len() == max_new {
@@ -366,6 +376,12 @@ impl PySession {
         s.st.rollback(&snap.snap).map_err(to_py)?;
         s.last = None;
         Ok(())
+    }
+
+    /// Logits after the last fed token (float32 little-endian bytes), if computed.
+    fn last_logits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let s = self.lock()?;
+        Ok(s.last.as_ref().map(|v| f32_bytes(py, v)))
     }
 
     fn reset(&self) -> PyResult<()> {

@@ -8,5 +8,19 @@ the thin Python side: config validation, tokenization, chat encoding and the CLI
 from __future__ import annotations
 
 from ._core import V4FlashError, __version__, kernel_tier
+from .config import Config, load_config
+from .encoding import encode_messages, parse_completion
+from .model import Model, Session, load
 
-__all__ = ["V4FlashError", "__version__", "kernel_tier"]
+__all__ = [
+    "Config",
+    "Model",
+    "Session",
+    "V4FlashError",
+    "__version__",
+    "encode_messages",
+    "kernel_tier",
+    "load",
+    "load_config",
+    "parse_completion",
+]

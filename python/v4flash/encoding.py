@@ -325,7 +325,8 @@ def _merge_user_turns(msgs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         if role == "assistant" and m.get("tool_calls"):
             call_order = {}
             for k, tc in enumerate(m["tool_calls"]):
-                tc_id = tc.get("id") if isinstance(tc, dict) else None
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                tc_id = tc.get("id") or (fn or {}).get("id") if isinstance(tc, dict) else None
                 if tc_id:
                     call_order[tc_id] = k
         if role == "tool":
@@ -615,7 +616,7 @@ def _parse_tool_calls(text: str, index: int) -> Tuple[int, List[Dict[str, str]]]
     """Parse after ``<｜DSML｜tool_calls``; returns the index after ``</｜DSML｜tool_calls>``."""
     calls: List[Dict[str, str]] = []
     while True:
-        index, gap, stop = _read_until(text, index, [_INVOKE_OPEN, _TC_CLOSE + ">"])
+        index, gap, stop = _read_until(text, index, [_INVOKE_OPEN, _TC_CLOSE])
         if gap != ">\n" or stop is None:
             raise ValueError(f"tool-call format error: expected '>\\n' but got {gap[:40]!r}")
         if stop != _INVOKE_OPEN:

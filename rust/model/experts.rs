@@ -154,6 +154,14 @@ impl ExpertStore {
         })
     }
 
+    pub fn set_capacity(&mut self, experts: usize) {
+        self.capacity = experts.max(1);
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Bytes of one expert (all six parts).
     pub fn expert_bytes(&self) -> usize {
         self.parts[..6].iter().map(|p| p.len as usize).sum()

@@ -48,8 +48,10 @@ pub struct Counters {
 
 pub struct LoadOptions {
     pub threads: Option<usize>,
-    /// Maximum number of routed experts held in memory.
-    pub expert_cache: Option<usize>,
+    /// Bytes of routed experts held in memory (at least one expert).
+    pub expert_cache_bytes: Option<u64>,
+    /// Context length (tokens per session); defaults to max_position_embeddings.
+    pub ctx: Option<usize>,
 }
 
 pub struct Model {
@@ -71,6 +73,8 @@ pub struct Model {
     pub experts: ExpertStore,
     pub pool: rayon::ThreadPool,
     pub threads: usize,
+    /// Maximum tokens per session.
+    pub ctx: usize,
     pub resident_bytes: usize,
     pub counters: Counters,
 }
@@ -99,6 +103,17 @@ impl Model {
             .thread_name(|i| format!("v4flash-{i}"))
             .build()
             .map_err(|e| Error::arg(format!("cannot start {threads} threads: {e}")))?;
+        let ctx = match opts.ctx {
+            Some(0) => return Err(Error::arg("ctx must be at least 1 token")),
+            Some(n) if n > cfg.max_position_embeddings => {
+                return Err(Error::arg(format!(
+                    "ctx {n} exceeds the model's max_position_embeddings ({})",
+                    cfg.max_position_embeddings
+                )))
+            }
+            Some(n) => n,
+            None => cfg.max_position_embeddings,
+        };
         let c = &cfg;
         let (h, hcm, v) = (c.hidden_size, c.hc_mult, c.vocab_size);
         let mut ld = Loader::new(&ck);
@@ -113,10 +128,10 @@ impl Model {
             layers.push(load_layer(&mut ld, c, l)?);
         }
         let resident_bytes = ld.loaded;
-        let cap = opts
-            .expert_cache
-            .unwrap_or(c.num_layers * c.n_routed_experts);
-        let experts = ExpertStore::open(ck.clone(), c, cap)?;
+        let mut experts = ExpertStore::open(ck.clone(), c, c.num_layers * c.n_routed_experts)?;
+        if let Some(b) = opts.expert_cache_bytes {
+            experts.set_capacity((b / experts.expert_bytes() as u64).max(1) as usize);
+        }
         Ok(Model {
             rope_main: Rope::main(c),
             rope_comp: Rope::compress(c),
@@ -132,6 +147,7 @@ impl Model {
             experts,
             pool,
             threads,
+            ctx,
             resident_bytes,
             counters: Counters::default(),
         })
@@ -162,6 +178,15 @@ impl Model {
         cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<f32>> {
         self.check_ids(ids)?;
+        if st.pos() + ids.len() > self.ctx {
+            return Err(Error::arg(format!(
+                "the sequence would reach {} tokens ({} already in the session + {} new), more than the context of {} tokens (set a larger ctx / --ctx)",
+                st.pos() + ids.len(),
+                st.pos(),
+                ids.len(),
+                self.ctx
+            )));
+        }
         let snap = st.snapshot();
         let t0 = Instant::now();
         let r = self
@@ -212,11 +237,11 @@ impl Model {
         let c = &self.cfg;
         let (h, hcm, n) = (c.hidden_size, c.hc_mult, ids.len());
         let pos0 = st.pos();
-        if pos0 + n > c.max_position_embeddings {
+        if pos0 + n > self.ctx {
             return Err(Error::arg(format!(
-                "position {} exceeds max_position_embeddings ({})",
+                "the sequence would reach {} tokens ({pos0} already in the session + {n} new), more than the context of {} tokens (set a larger ctx / --ctx)",
                 pos0 + n,
-                c.max_position_embeddings
+                self.ctx
             )));
         }
         // streams X: [n, hc, H]

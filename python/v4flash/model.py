@@ -1,0 +1,242 @@
+"""The Python face of the engine: ``load`` → ``Model`` → ``Session``.
+
+Arguments are checked here (``ValueError`` with the argument's name) and converted into plain
+values; the Rust core runs the work with the GIL released and stops cleanly on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+from .config import Config, load_config
+
+IdsLike = Union[Sequence[int], np.ndarray]
+
+
+def _ids(ids: IdsLike, name: str = "ids", allow_empty: bool = False) -> List[int]:
+    if isinstance(ids, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of token ids, not text (tokenize it first)")
+    try:
+        out = [int(i) for i in ids]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a sequence of integer token ids") from None
+    if not allow_empty and not out:
+        raise ValueError(f"{name} is empty: give at least one token id")
+    for i in out:
+        if i < 0:
+            raise ValueError(f"{name} contains a negative token id ({i})")
+    return out
+
+
+def _int_arg(v: Any, name: str, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+class _Sampling:
+    def __init__(self, temperature, top_p, top_k, seed):
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        if not isinstance(top_p, (int, float)) or not (0 < top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = _int_arg(top_k, "top_k", 0)
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little")
+        self.seed = _int_arg(seed, "seed", 0) & ((1 << 64) - 1)
+
+
+class Session:
+    """A sequence with its state: feed tokens, generate, snapshot and roll back."""
+
+    def __init__(self, model: Model, core: Any):
+        self._model = model
+        self._core = core
+
+    @property
+    def position(self) -> int:
+        """Tokens in the sequence so far."""
+        return self._core.position
+
+    @property
+    def tokens(self) -> List[int]:
+        return list(self._core.tokens)
+
+    def feed(self, ids: IdsLike) -> None:
+        """Prefills tokens (no sampling)."""
+        self._core.feed(self._model._check(_ids(ids)))
+
+    def last_logits(self) -> Optional[np.ndarray]:
+        """float32 [vocab] logits after the last fed token, if the last call computed them."""
+        b = self._core.last_logits()
+        return None if b is None else np.frombuffer(b, dtype="<f4").copy()
+
+    def generate(
+        self,
+        ids: IdsLike = (),
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: Optional[int] = None,
+        stop_ids: Optional[Sequence[int]] = None,
+    ) -> List[int]:
+        """Feeds ``ids`` then returns up to ``max_new_tokens`` new tokens (greedy when
+        temperature is 0), stopping after a stop id (default: EOS). Ctrl-C stops early and
+        returns the tokens produced so far; the session stays usable."""
+        n = _int_arg(max_new_tokens, "max_new_tokens", 1)
+        s = _Sampling(temperature, top_p, top_k, seed)
+        stops = self._model._stops(stop_ids)
+        return list(
+            self._core.generate(
+                self._model._check(_ids(ids, allow_empty=True)),
+                n,
+                s.temperature,
+                s.top_p,
+                s.top_k,
+                s.seed,
+                stops,
+            )
+        )
+
+    def stream(
+        self,
+        ids: IdsLike = (),
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: Optional[int] = None,
+        stop_ids: Optional[Sequence[int]] = None,
+    ) -> Iterator[int]:
+        """Like ``generate`` but yields each token as soon as it is sampled."""
+        n = _int_arg(max_new_tokens, "max_new_tokens", 1)
+        s = _Sampling(temperature, top_p, top_k, seed)
+        stops = set(self._model._stops(stop_ids))
+        first = self._model._check(_ids(ids, allow_empty=True))
+        return self._stream(first, n, s, stops)
+
+    def _stream(self, first, n, s, stops) -> Iterator[int]:
+        feed = first
+        for i in range(n):
+            # each step draws from the same seeded stream, offset by the step index
+            tok = self._core.step(feed, s.temperature, s.top_p, s.top_k, (s.seed + i) % (1 << 64))
+            feed = []
+            yield tok
+            if tok in stops:
+                return
+
+    def snapshot(self) -> Any:
+        """A restorable point at the current position."""
+        return self._core.snapshot()
+
+    def rollback(self, snap: Any) -> None:
+        """Returns to ``snap`` (taken earlier in this session's history)."""
+        self._core.rollback(snap)
+
+    def reset(self) -> None:
+        self._core.reset()
+
+
+class Model:
+    """A loaded checkpoint. Create with :func:`v4flash.load`."""
+
+    def __init__(self, core: Any, config: Config, path: Path):
+        self._core = core
+        self.config = config
+        self.path = path
+
+    def __repr__(self) -> str:
+        return (
+            f"v4flash.Model({str(self.path)!r}, layers={self.config.num_hidden_layers}, "
+            f"threads={self.threads}, kernels={_core.kernel_tier()})"
+        )
+
+    @property
+    def threads(self) -> int:
+        return self._core.threads
+
+    @property
+    def ctx(self) -> int:
+        return self._core.ctx
+
+    def _check(self, ids: List[int]) -> List[int]:
+        v = self.config.vocab_size
+        for i in ids:
+            if i >= v:
+                raise ValueError(f"token id {i} is out of the vocabulary (0..{v - 1})")
+        return ids
+
+    def _stops(self, stop_ids: Optional[Sequence[int]]) -> List[int]:
+        if stop_ids is None:
+            return [self.config.eos_token_id]
+        return self._check(_ids(stop_ids, "stop_ids", allow_empty=True))
+
+    def logits(self, ids: IdsLike) -> np.ndarray:
+        """float32 [len(ids), vocab]: teacher-forced logits from a fresh state."""
+        b, n, v = self._core.logits(self._check(_ids(ids)))
+        return np.frombuffer(b, dtype="<f4").reshape(n, v).copy()
+
+    def session(self) -> Session:
+        return Session(self, self._core.session())
+
+    def generate(self, ids: IdsLike, **kw: Any) -> List[int]:
+        """New tokens after ``ids`` from a fresh session (see :meth:`Session.generate`)."""
+        return self.session().generate(_ids(ids), **kw)
+
+    def stream(self, ids: IdsLike, **kw: Any) -> Iterator[int]:
+        """Iterator of new token ids from a fresh session (see :meth:`Session.stream`)."""
+        return self.session().stream(_ids(ids), **kw)
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters: tokens, timings, expert cache figures."""
+        d = dict(self._core.stats())
+        req = d.get("expert_requests", 0)
+        d["expert_hit_rate"] = d["expert_hits"] / req if req else None
+        return d
+
+
+def load(
+    path: Union[str, os.PathLike],
+    ram_gb: Optional[float] = None,
+    threads: Optional[int] = None,
+    *,
+    expert_cache_mb: Optional[float] = None,
+    ctx: Optional[int] = None,
+) -> Model:
+    """Validates the checkpoint at ``path`` and loads its dense part.
+
+    ``ram_gb`` is a budget for the process's resident memory; ``expert_cache_mb`` sizes the
+    routed-expert cache directly; ``threads`` defaults to all cores; ``ctx`` caps the tokens
+    per session (default: the model's maximum).
+    """
+    p = Path(path)
+    config = load_config(p)
+    if threads is not None:
+        threads = _int_arg(threads, "threads", 1)
+    if ctx is not None:
+        ctx = _int_arg(ctx, "ctx", 1)
+    if ram_gb is not None:
+        if isinstance(ram_gb, bool) or not isinstance(ram_gb, (int, float)):
+            raise ValueError(f"ram_gb must be a number of gigabytes, got {ram_gb!r}")
+        if not math.isfinite(ram_gb) or ram_gb <= 0:
+            raise ValueError(f"ram_gb must be a positive number of gigabytes, got {ram_gb}")
+    expert_cache = None
+    if expert_cache_mb is not None:
+        if not isinstance(expert_cache_mb, (int, float)) or not expert_cache_mb > 0:
+            raise ValueError(f"expert_cache_mb must be a positive number, got {expert_cache_mb!r}")
+        expert_cache = max(1, int(expert_cache_mb * (1 << 20)))
+    core = _core.Model.load(str(p), threads=threads, expert_cache_bytes=expert_cache, ctx=ctx)
+    return Model(core, config, p)

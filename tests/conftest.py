@@ -1,0 +1,41 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+FIXTURE_NAMES = ["tiny-a", "tiny-b"]
+
+
+class Reference:
+    def __init__(self, name: str):
+        self.name = name
+        self.path = FIXTURES / name
+        self.meta = json.loads((FIXTURES / f"{name}.ref.json").read_text())
+        self.arrays = np.load(FIXTURES / f"{name}.ref.npz")
+        self.cases = self.meta["cases"]
+
+    def logits(self, case) -> np.ndarray:
+        return self.arrays[case["name"] + ".logits"]
+
+    def greedy_logits(self, case) -> np.ndarray:
+        return self.arrays[case["name"] + ".greedy_logits"]
+
+
+@pytest.fixture(scope="session", params=FIXTURE_NAMES)
+def ref(request) -> Reference:
+    return Reference(request.param)
+
+
+_models = {}
+
+
+def model_for(name: str, **kw):
+    import v4flash
+
+    key = (name, tuple(sorted(kw.items())))
+    if key not in _models:
+        _models[key] = v4flash.load(FIXTURES / name, **kw)
+    return _models[key]
