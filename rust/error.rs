@@ -19,6 +19,11 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A read that failed after load (a shard became unreadable or shorter); the message
+    /// names the shard and the offset. The state is unchanged, so the call can be retried.
+    #[error("{0}")]
+    Read(String),
+
     /// A checkpoint file or tensor is malformed: names the file, the tensor and what was
     /// expected versus found.
     #[error("{file}: {msg}")]

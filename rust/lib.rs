@@ -7,6 +7,8 @@ pub mod dtype;
 pub mod error;
 pub mod kernels;
 pub mod model;
+pub mod plan;
 mod python;
+pub mod store;
 
 pub use error::{Error, Result};

@@ -6,6 +6,9 @@ use crate::error::Error;
 use crate::model::sample::{SampleParams, Sampler};
 use crate::model::session::{Snapshot as CoreSnapshot, State};
 use crate::model::{LoadOptions, Model as CoreModel, Want};
+use crate::plan::Plan;
+use crate::store::io::IoMode;
+use crate::store::policy::Policy;
 use pyo3::create_exception;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyOSError,
@@ -29,7 +32,7 @@ pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::NotFound { .. } => PyFileNotFoundError::new_err(msg),
-        Error::Io { .. } => PyOSError::new_err(msg),
+        Error::Io { .. } | Error::Read(_) => PyOSError::new_err(msg),
         Error::Checkpoint { .. } | Error::Config(_) => V4FlashError::new_err(msg),
         Error::InvalidArgument(_) => PyValueError::new_err(msg),
         Error::Memory(_) => PyMemoryError::new_err(msg),
@@ -71,6 +74,76 @@ fn run_cancellable<T: Send>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
+fn load_options(
+    threads: Option<usize>,
+    expert_cache_bytes: Option<u64>,
+    ctx: Option<usize>,
+    ram_bytes: Option<u64>,
+    io: &str,
+    policy: &str,
+    io_threads: usize,
+) -> PyResult<LoadOptions> {
+    let io = IoMode::parse(io).ok_or_else(|| {
+        PyValueError::new_err(format!("io must be direct, buffered or mmap, got {io:?}"))
+    })?;
+    let policy = Policy::parse(policy).ok_or_else(|| {
+        PyValueError::new_err(format!("policy must be freq-decay or lru, got {policy:?}"))
+    })?;
+    if io_threads == 0 {
+        return Err(PyValueError::new_err("io_threads must be at least 1"));
+    }
+    Ok(LoadOptions {
+        threads,
+        ram_bytes,
+        io,
+        policy,
+        io_threads,
+        expert_cache_bytes,
+        ctx,
+    })
+}
+
+fn plan_dict<'py>(py: Python<'py>, p: &Plan) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("budget_bytes", p.budget)?;
+    d.set_item("available_bytes", p.available)?;
+    d.set_item("dense_bytes", p.dense_bytes)?;
+    d.set_item("embed_head_bytes", p.embed_head_bytes)?;
+    d.set_item("state_bytes", p.state_bytes)?;
+    d.set_item("scratch_bytes", p.scratch_bytes)?;
+    d.set_item("overhead_bytes", p.overhead_bytes)?;
+    d.set_item("slot_bytes", p.slot_bytes)?;
+    d.set_item("slots", p.slots)?;
+    d.set_item("cache_bytes", p.cache_bytes())?;
+    d.set_item("total_bytes", p.total_bytes())?;
+    d.set_item("total_experts", p.total_experts)?;
+    d.set_item("ctx", p.ctx)?;
+    Ok(d)
+}
+
+/// The memory plan for a checkpoint without loading it (config + tensor table only).
+#[pyfunction]
+#[pyo3(signature = (path, ram_bytes=None, ctx=None, expert_cache_bytes=None))]
+fn plan<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    ram_bytes: Option<u64>,
+    ctx: Option<usize>,
+    expert_cache_bytes: Option<u64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let p = py
+        .detach(|| -> crate::Result<Plan> {
+            let cfg = crate::config::ModelConfig::from_file(&path.join("config.json"))?;
+            let ck = crate::checkpoint::Checkpoint::open(&path)?;
+            let slot = crate::store::slot_size(&ck, &cfg)?;
+            let ctx = ctx.unwrap_or(cfg.max_position_embeddings.min(crate::model::DEFAULT_CTX));
+            crate::plan::plan(&ck, &cfg, ctx, ram_bytes, expert_cache_bytes, slot as u64)
+        })
+        .map_err(to_py)?;
+    plan_dict(py, &p)
+}
+
 fn f32_bytes<'py>(py: Python<'py>, v: &[f32]) -> Bound<'py, PyBytes> {
     let mut b = Vec::with_capacity(v.len() * 4);
     for x in v {
@@ -99,21 +172,49 @@ struct PyModel {
 #[pymethods]
 impl PyModel {
     #[staticmethod]
-    #[pyo3(signature = (path, threads=None, expert_cache_bytes=None, ctx=None))]
+    #[pyo3(signature = (path, threads=None, expert_cache_bytes=None, ctx=None, ram_bytes=None, io="direct", policy="freq-decay", io_threads=8))]
+    #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
         path: PathBuf,
         threads: Option<usize>,
         expert_cache_bytes: Option<u64>,
         ctx: Option<usize>,
+        ram_bytes: Option<u64>,
+        io: &str,
+        policy: &str,
+        io_threads: usize,
     ) -> PyResult<PyModel> {
-        let opts = LoadOptions {
+        let opts = load_options(
             threads,
             expert_cache_bytes,
             ctx,
-        };
+            ram_bytes,
+            io,
+            policy,
+            io_threads,
+        )?;
         let m = run_cancellable(py, |_| CoreModel::load(&path, &opts))?;
         Ok(PyModel { inner: Arc::new(m) })
+    }
+
+    /// The memory plan the model was loaded with.
+    fn plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        plan_dict(py, &self.inner.plan)
+    }
+
+    #[getter]
+    fn io_mode(&self) -> &'static str {
+        if self.inner.experts.mode == IoMode::Direct && !self.inner.experts.direct_io() {
+            "buffered (direct I/O refused)"
+        } else {
+            self.inner.experts.mode.name()
+        }
+    }
+
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.inner.experts.policy.name()
     }
 
     /// Teacher-forced logits for every position, from a fresh state: (bytes, rows, vocab).
@@ -154,7 +255,7 @@ impl PyModel {
 
     #[getter]
     fn expert_bytes(&self) -> usize {
-        self.inner.experts.expert_bytes()
+        self.inner.experts.expert_bytes
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -165,12 +266,15 @@ impl PyModel {
         d.set_item("decode_tokens", ld(&m.counters.decode_tokens))?;
         d.set_item("prefill_s", ld(&m.counters.prefill_ns) as f64 * 1e-9)?;
         d.set_item("decode_s", ld(&m.counters.decode_ns) as f64 * 1e-9)?;
-        let e = &m.experts.counters;
+        let e = m.experts.counters();
         d.set_item("expert_requests", ld(&e.requests))?;
         d.set_item("expert_hits", ld(&e.hits))?;
         d.set_item("expert_misses", ld(&e.misses))?;
+        d.set_item("expert_prefetches", ld(&e.prefetches))?;
         d.set_item("expert_bytes_read", ld(&e.bytes_read))?;
         d.set_item("expert_read_s", ld(&e.read_ns) as f64 * 1e-9)?;
+        d.set_item("expert_wait_s", ld(&e.wait_ns) as f64 * 1e-9)?;
+        d.set_item("expert_slots", m.experts.n_slots)?;
         d.set_item("kernel_tier", crate::kernels::tier_name())?;
         d.set_item("threads", m.threads)?;
         Ok(d)
@@ -397,6 +501,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("V4FlashError", m.py().get_type::<V4FlashError>())?;
     m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_class::<PyModel>()?;
     m.add_class::<PySession>()?;
     m.add_class::<PySnapshot>()?;

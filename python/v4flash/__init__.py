@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._core import V4FlashError, __version__, kernel_tier
 from .config import Config, load_config
 from .encoding import encode_messages, parse_completion
-from .model import Model, Session, load
+from .model import Model, Session, load, plan
 
 __all__ = [
     "Config",
@@ -23,4 +23,5 @@ __all__ = [
     "load",
     "load_config",
     "parse_completion",
+    "plan",
 ]

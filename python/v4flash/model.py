@@ -200,12 +200,70 @@ class Model:
         """Iterator of new token ids from a fresh session (see :meth:`Session.stream`)."""
         return self.session().stream(_ids(ids), **kw)
 
+    def plan(self) -> Dict[str, Any]:
+        """The memory plan this model was loaded with (bytes, slots)."""
+        return dict(self._core.plan())
+
+    @property
+    def io_mode(self) -> str:
+        return self._core.io_mode
+
+    @property
+    def cache_policy(self) -> str:
+        return self._core.policy
+
     def stats(self) -> Dict[str, Any]:
         """Counters: tokens, timings, expert cache figures."""
         d = dict(self._core.stats())
         req = d.get("expert_requests", 0)
         d["expert_hit_rate"] = d["expert_hits"] / req if req else None
         return d
+
+
+def _ram_bytes(ram_gb: Optional[float]) -> Optional[int]:
+    if ram_gb is None:
+        return None
+    if isinstance(ram_gb, bool) or not isinstance(ram_gb, (int, float)):
+        raise ValueError(f"ram_gb must be a number of gigabytes, got {ram_gb!r}")
+    if not math.isfinite(ram_gb) or ram_gb <= 0:
+        raise ValueError(f"ram_gb must be a positive number of gigabytes, got {ram_gb}")
+    if ram_gb > 1 << 20:
+        raise ValueError(f"ram_gb = {ram_gb} is absurd (more than a petabyte)")
+    return int(ram_gb * 1e9)
+
+
+def _cache_bytes(expert_cache_mb: Optional[float]) -> Optional[int]:
+    if expert_cache_mb is None:
+        return None
+    if isinstance(expert_cache_mb, bool) or not isinstance(expert_cache_mb, (int, float)):
+        raise ValueError(f"expert_cache_mb must be a number, got {expert_cache_mb!r}")
+    if not math.isfinite(expert_cache_mb) or expert_cache_mb <= 0:
+        raise ValueError(f"expert_cache_mb must be a positive number, got {expert_cache_mb}")
+    return max(1, int(expert_cache_mb * (1 << 20)))
+
+
+def plan(
+    path: Union[str, os.PathLike],
+    ram_gb: Optional[float] = None,
+    *,
+    ctx: Optional[int] = None,
+    expert_cache_mb: Optional[float] = None,
+) -> Dict[str, Any]:
+    """The memory plan for a checkpoint and budget, without loading any weights.
+
+    Raises ``MemoryError`` with the needed size when the budget is too small."""
+    p = Path(path)
+    load_config(p)
+    if ctx is not None:
+        ctx = _int_arg(ctx, "ctx", 1)
+    return dict(
+        _core.plan(
+            str(p),
+            ram_bytes=_ram_bytes(ram_gb),
+            ctx=ctx,
+            expert_cache_bytes=_cache_bytes(expert_cache_mb),
+        )
+    )
 
 
 def load(
@@ -215,12 +273,19 @@ def load(
     *,
     expert_cache_mb: Optional[float] = None,
     ctx: Optional[int] = None,
+    io: str = "direct",
+    cache_policy: str = "freq-decay",
+    io_threads: int = 8,
 ) -> Model:
     """Validates the checkpoint at ``path`` and loads its dense part.
 
-    ``ram_gb`` is a budget for the process's resident memory; ``expert_cache_mb`` sizes the
-    routed-expert cache directly; ``threads`` defaults to all cores; ``ctx`` caps the tokens
-    per session (default: the model's maximum).
+    ``ram_gb`` is a budget for the whole process's resident memory (the planner splits it
+    between dense weights, session state, scratch and the expert cache; default: available
+    memory minus a margin); ``expert_cache_mb`` sizes the routed-expert cache directly;
+    ``threads`` defaults to all cores; ``ctx`` caps the tokens per session (default: the
+    model's maximum). ``io`` is ``direct`` (O_DIRECT/F_NOCACHE where the OS allows it, else
+    buffered), ``buffered`` (the portable pread path) or ``mmap``; ``cache_policy`` is
+    ``freq-decay`` or ``lru``.
     """
     p = Path(path)
     config = load_config(p)
@@ -228,15 +293,15 @@ def load(
         threads = _int_arg(threads, "threads", 1)
     if ctx is not None:
         ctx = _int_arg(ctx, "ctx", 1)
-    if ram_gb is not None:
-        if isinstance(ram_gb, bool) or not isinstance(ram_gb, (int, float)):
-            raise ValueError(f"ram_gb must be a number of gigabytes, got {ram_gb!r}")
-        if not math.isfinite(ram_gb) or ram_gb <= 0:
-            raise ValueError(f"ram_gb must be a positive number of gigabytes, got {ram_gb}")
-    expert_cache = None
-    if expert_cache_mb is not None:
-        if not isinstance(expert_cache_mb, (int, float)) or not expert_cache_mb > 0:
-            raise ValueError(f"expert_cache_mb must be a positive number, got {expert_cache_mb!r}")
-        expert_cache = max(1, int(expert_cache_mb * (1 << 20)))
-    core = _core.Model.load(str(p), threads=threads, expert_cache_bytes=expert_cache, ctx=ctx)
+    io_threads = _int_arg(io_threads, "io_threads", 1)
+    core = _core.Model.load(
+        str(p),
+        threads=threads,
+        expert_cache_bytes=_cache_bytes(expert_cache_mb),
+        ctx=ctx,
+        ram_bytes=_ram_bytes(ram_gb),
+        io=io,
+        policy=cache_policy,
+        io_threads=io_threads,
+    )
     return Model(core, config, p)

@@ -4,7 +4,6 @@
 
 pub mod attention;
 pub mod compressor;
-pub mod experts;
 pub mod hc;
 pub mod moe;
 pub mod rope;
@@ -16,9 +15,12 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::ops;
+use crate::plan::Plan;
+use crate::store::io::IoMode;
+use crate::store::policy::Policy;
+use crate::store::{ExpertStore, StoreOptions};
 use attention::{AttnWeights, Ctx, IndexerWeights};
 use compressor::CompressorWeights;
-use experts::ExpertStore;
 use hc::HyperConn;
 use moe::MoeWeights;
 use rope::Rope;
@@ -46,11 +48,19 @@ pub struct Counters {
     pub decode_ns: AtomicU64,
 }
 
+/// Context length when none is given: the memory plan reserves session state for it.
+pub const DEFAULT_CTX: usize = 65536;
+
 pub struct LoadOptions {
     pub threads: Option<usize>,
+    /// Budget for the whole process's resident memory, in bytes.
+    pub ram_bytes: Option<u64>,
+    pub io: IoMode,
+    pub policy: Policy,
+    pub io_threads: usize,
     /// Bytes of routed experts held in memory (at least one expert).
     pub expert_cache_bytes: Option<u64>,
-    /// Context length (tokens per session); defaults to max_position_embeddings.
+    /// Context length (tokens per session); defaults to min(max_position_embeddings, DEFAULT_CTX).
     pub ctx: Option<usize>,
 }
 
@@ -71,6 +81,7 @@ pub struct Model {
     rope_main: Rope,
     rope_comp: Rope,
     pub experts: ExpertStore,
+    pub plan: Plan,
     pub pool: rayon::ThreadPool,
     pub threads: usize,
     /// Maximum tokens per session.
@@ -112,8 +123,17 @@ impl Model {
                 )))
             }
             Some(n) => n,
-            None => cfg.max_position_embeddings,
+            None => cfg.max_position_embeddings.min(DEFAULT_CTX),
         };
+        let slot = crate::store::slot_size(&ck, &cfg)?;
+        let plan = crate::plan::plan(
+            &ck,
+            &cfg,
+            ctx,
+            opts.ram_bytes,
+            opts.expert_cache_bytes,
+            slot as u64,
+        )?;
         let c = &cfg;
         let (h, hcm, v) = (c.hidden_size, c.hc_mult, c.vocab_size);
         let mut ld = Loader::new(&ck);
@@ -128,10 +148,16 @@ impl Model {
             layers.push(load_layer(&mut ld, c, l)?);
         }
         let resident_bytes = ld.loaded;
-        let mut experts = ExpertStore::open(ck.clone(), c, c.num_layers * c.n_routed_experts)?;
-        if let Some(b) = opts.expert_cache_bytes {
-            experts.set_capacity((b / experts.expert_bytes() as u64).max(1) as usize);
-        }
+        let experts = ExpertStore::open(
+            ck.clone(),
+            c,
+            &StoreOptions {
+                slots: plan.slots,
+                io: opts.io,
+                policy: opts.policy,
+                io_threads: opts.io_threads,
+            },
+        )?;
         Ok(Model {
             rope_main: Rope::main(c),
             rope_comp: Rope::compress(c),
@@ -145,6 +171,7 @@ impl Model {
             hc_head_scale,
             layers,
             experts,
+            plan,
             pool,
             threads,
             ctx,
@@ -258,6 +285,14 @@ impl Model {
             rope_main: &self.rope_main,
             rope_comp: &self.rope_comp,
         };
+        // The hash layers' experts are known from the token ids: start reading them now.
+        self.experts.next_token(n as u64);
+        for l in 0..c.num_hash_layers.min(c.num_layers) {
+            if let Some(es) = self.layers[l].moe.hash_experts(ids, c.experts_per_tok) {
+                let cap = (self.experts.max_batch() / 2).max(1);
+                self.experts.prefetch(l, &es[..es.len().min(cap)]);
+            }
+        }
         for (l, layer) in self.layers.iter().enumerate() {
             if cancel() {
                 return Err(Error::Cancelled);
@@ -457,4 +492,18 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
         attn,
         moe,
     })
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            threads: None,
+            ram_bytes: None,
+            io: IoMode::Direct,
+            policy: Policy::default(),
+            io_threads: 8,
+            expert_cache_bytes: None,
+            ctx: None,
+        }
+    }
 }

@@ -4,11 +4,11 @@
 //! once per chunk to all the tokens that chose it; per token, experts add up in ascending
 //! expert order whatever the chunking, so results do not depend on how tokens are batched.
 
-use super::experts::ExpertStore;
 use super::weights::Linear;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::kernels::{self, ops, MatRef};
+use crate::store::ExpertStore;
 
 pub struct MoeWeights {
     /// [E, H] router
@@ -45,6 +45,22 @@ fn mm(m: &MatRef, x: &[f32], n: usize) -> Vec<f32> {
 }
 
 impl MoeWeights {
+    /// The experts a hash layer will use for these tokens (known before the layer runs).
+    pub fn hash_experts(&self, ids: &[u32], k: usize) -> Option<Vec<usize>> {
+        let tab = self.tid2eid.as_ref()?;
+        let mut v: Vec<usize> = ids
+            .iter()
+            .flat_map(|&id| {
+                tab[id as usize * k..(id as usize + 1) * k]
+                    .iter()
+                    .map(|&e| e as usize)
+            })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    }
+
     /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H].
     pub fn forward(
         &self,
@@ -93,32 +109,40 @@ impl MoeWeights {
                     .collect(),
             );
         }
-        // expert-major: each distinct expert once per chunk, ascending
+        // expert-major: each distinct expert once per chunk. Reads for a whole wave are
+        // issued at once and each expert is computed as soon as its bytes arrive; outputs are
+        // then summed per token in ascending expert order, so arrival order never matters.
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
         for (t, r) in routes.iter().enumerate() {
             for &(e, w) in r {
                 users[e].push((t, w));
             }
         }
+        let distinct: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
+        let mut outs: Vec<Vec<f32>> = vec![Vec::new(); ne];
+        for wave in distinct.chunks(store.max_batch().max(1)) {
+            let mut pins = store.acquire(layer, wave)?;
+            while let Some(i) = store.wait_any(&mut pins)? {
+                let e = pins[i].expert;
+                let ex = store.view(&pins[i]);
+                let us = &users[e];
+                let m = us.len();
+                let mut xe = vec![0f32; m * h];
+                for (j, &(t, _)) in us.iter().enumerate() {
+                    xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
+                }
+                let mut g = mm(&ex.w1(), &xe, m);
+                let u = mm(&ex.w3(), &xe, m);
+                swiglu(&mut g, &u, c.swiglu_limit);
+                outs[e] = mm(&ex.w2(), &g, m); // [m, H]
+            }
+        }
         let mut routed = vec![0f32; n * h];
         let mut started = vec![false; n];
-        for (e, us) in users.iter().enumerate() {
-            if us.is_empty() {
-                continue;
-            }
-            let ex = store.get(layer, e)?;
-            let m = us.len();
-            let mut xe = vec![0f32; m * h];
-            for (i, &(t, _)) in us.iter().enumerate() {
-                xe[i * h..(i + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
-            }
-            let mut g = mm(&ex.w1(), &xe, m);
-            let u = mm(&ex.w3(), &xe, m);
-            swiglu(&mut g, &u, c.swiglu_limit);
-            let out = mm(&ex.w2(), &g, m); // [m, H]
-            for (i, &(t, w)) in us.iter().enumerate() {
+        for &e in &distinct {
+            for (i, &(t, w)) in users[e].iter().enumerate() {
                 let dst = &mut routed[t * h..(t + 1) * h];
-                let src = &out[i * h..(i + 1) * h];
+                let src = &outs[e][i * h..(i + 1) * h];
                 if started[t] {
                     for (d, &s) in dst.iter_mut().zip(src) {
                         *d += s * w;
@@ -139,7 +163,6 @@ impl MoeWeights {
         for (r, s) in routed.iter_mut().zip(&shared) {
             *r += s;
         }
-        let _ = layer;
         Ok(routed)
     }
 }

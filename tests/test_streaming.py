@@ -1,0 +1,94 @@
+"""Expert streaming: the memory planner, the slot cache, the read paths and the policies.
+Whatever the budget, read path, policy or cache state, the logits are bit-identical."""
+
+import numpy as np
+import pytest
+
+import v4flash
+from conftest import FIXTURES, model_for
+
+CASE_IDS = list(range(3, 48))
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return model_for("tiny-a").logits(CASE_IDS)
+
+
+@pytest.mark.parametrize("io", ["direct", "buffered", "mmap"])
+@pytest.mark.parametrize("cache_mb", [None, 0.05, 1e-6])
+def test_read_paths_and_budgets_give_identical_logits(io, cache_mb, baseline):
+    m = v4flash.load(FIXTURES / "tiny-a", io=io, expert_cache_mb=cache_mb)
+    np.testing.assert_array_equal(m.logits(CASE_IDS), baseline)
+    st = m.stats()
+    if io != "mmap" and cache_mb == 1e-6:
+        assert st["expert_slots"] == 1
+        assert st["expert_misses"] > 0.9 * st["expert_requests"]
+        assert st["expert_bytes_read"] >= st["expert_misses"] * m._core.expert_bytes
+
+
+def test_lru_and_freq_decay_agree_on_results(baseline):
+    for pol in ("lru", "freq-decay"):
+        m = v4flash.load(FIXTURES / "tiny-a", cache_policy=pol, expert_cache_mb=0.05)
+        assert m.cache_policy == pol
+        np.testing.assert_array_equal(m.logits(CASE_IDS), baseline)
+
+
+def test_generation_with_evictions_every_token_matches_reference(ref):
+    m = v4flash.load(ref.path, expert_cache_mb=1e-6, io="buffered")
+    for case in ref.cases:
+        new = m.generate(case["ids"], max_new_tokens=len(case["greedy_new"]), stop_ids=[])
+        assert new == case["greedy_new"]
+
+
+def test_plan_without_loading_matches_loaded_plan():
+    p = v4flash.plan(FIXTURES / "tiny-b", ram_gb=4, ctx=4096)
+    m = v4flash.load(FIXTURES / "tiny-b", ram_gb=4, ctx=4096)
+    assert m.plan() == p
+    assert p["budget_bytes"] == 4_000_000_000
+    assert p["slots"] == p["total_experts"]  # a tiny model fits entirely
+    assert p["total_bytes"] <= p["budget_bytes"]
+    parts = ("dense_bytes", "state_bytes", "scratch_bytes", "overhead_bytes", "cache_bytes")
+    assert sum(p[k] for k in parts) == p["total_bytes"]
+
+
+def test_state_grows_with_context():
+    a = v4flash.plan(FIXTURES / "tiny-a", ctx=1024)
+    b = v4flash.plan(FIXTURES / "tiny-a", ctx=2048)
+    assert b["state_bytes"] > a["state_bytes"]
+
+
+def test_budget_too_small_says_how_much_is_needed():
+    with pytest.raises(MemoryError, match=r"needs at least \d+\.\d+ GB"):
+        v4flash.load(FIXTURES / "tiny-a", ram_gb=0.1)
+    with pytest.raises(MemoryError, match="raise --ram"):
+        v4flash.plan(FIXTURES / "tiny-a", ram_gb=0.01)
+
+
+def test_budget_limits_the_cache_and_explicit_cache_must_fit():
+    p = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=1024)
+    fixed = p["total_bytes"] - p["cache_bytes"]
+    tight = (fixed + 10 * p["slot_bytes"] + 100) / 1e9
+    q = v4flash.plan(FIXTURES / "tiny-a", ram_gb=tight, ctx=1024)
+    assert q["slots"] == 10 and q["total_bytes"] <= q["budget_bytes"]
+    with pytest.raises(MemoryError, match="does not fit in the RAM budget"):
+        v4flash.plan(FIXTURES / "tiny-a", ram_gb=tight, ctx=1024, expert_cache_mb=1.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), 1e12, "8"])
+def test_absurd_ram_budgets_are_value_errors(bad):
+    with pytest.raises(ValueError, match="ram_gb"):
+        v4flash.load(FIXTURES / "tiny-a", ram_gb=bad)
+
+
+def test_unknown_io_mode_and_policy():
+    with pytest.raises(ValueError, match="io must be"):
+        v4flash.load(FIXTURES / "tiny-a", io="fast")
+    with pytest.raises(ValueError, match="policy must be"):
+        v4flash.load(FIXTURES / "tiny-a", cache_policy="random")
+
+
+def test_hash_layer_experts_are_prefetched():
+    m = v4flash.load(FIXTURES / "tiny-a", expert_cache_mb=0.2)
+    m.generate([0, 5, 9], max_new_tokens=4, stop_ids=[])
+    assert m.stats()["expert_prefetches"] > 0
