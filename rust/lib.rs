@@ -8,6 +8,7 @@ pub mod error;
 pub mod kernels;
 pub mod model;
 pub mod plan;
+pub mod probe;
 mod python;
 pub mod store;
 

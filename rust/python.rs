@@ -144,6 +144,45 @@ fn plan<'py>(
     plan_dict(py, &p)
 }
 
+/// Streaming memory-read bandwidth in GB/s (best of `reps`).
+#[pyfunction]
+#[pyo3(signature = (nbytes=1 << 30, threads=None, reps=3))]
+fn mem_read_gbs(
+    py: Python<'_>,
+    nbytes: usize,
+    threads: Option<usize>,
+    reps: usize,
+) -> PyResult<f64> {
+    let t = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    py.detach(|| crate::probe::mem_read_gbs(nbytes, t, reps))
+        .map_err(to_py)
+}
+
+/// Sequential read bandwidth of a file in GB/s with direct I/O: (GB/s, direct_used).
+#[pyfunction]
+#[pyo3(signature = (path, nbytes=1 << 30))]
+fn disk_read_gbs(py: Python<'_>, path: PathBuf, nbytes: usize) -> PyResult<(f64, bool)> {
+    py.detach(|| crate::probe::disk_read_gbs(&path, nbytes))
+        .map_err(to_py)
+}
+
+/// Register-only FMA throughput in GFLOP/s.
+#[pyfunction]
+#[pyo3(signature = (threads=None))]
+fn fma_peak_gflops(py: Python<'_>, threads: Option<usize>) -> PyResult<f64> {
+    let t = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    py.detach(|| crate::probe::fma_peak_gflops(t))
+        .map_err(to_py)
+}
+
 fn f32_bytes<'py>(py: Python<'py>, v: &[f32]) -> Bound<'py, PyBytes> {
     let mut b = Vec::with_capacity(v.len() * 4);
     for x in v {
@@ -275,6 +314,8 @@ impl PyModel {
         d.set_item("expert_read_s", ld(&e.read_ns) as f64 * 1e-9)?;
         d.set_item("expert_wait_s", ld(&e.wait_ns) as f64 * 1e-9)?;
         d.set_item("expert_slots", m.experts.n_slots)?;
+        d.set_item("io_engine", m.experts.engine)?;
+        d.set_item("direct_io", m.experts.direct_io())?;
         d.set_item("kernel_tier", crate::kernels::tier_name())?;
         d.set_item("threads", m.threads)?;
         Ok(d)
@@ -502,6 +543,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(mem_read_gbs, m)?)?;
+    m.add_function(wrap_pyfunction!(disk_read_gbs, m)?)?;
+    m.add_function(wrap_pyfunction!(fma_peak_gflops, m)?)?;
     m.add_class::<PyModel>()?;
     m.add_class::<PySession>()?;
     m.add_class::<PySnapshot>()?;

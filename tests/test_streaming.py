@@ -92,3 +92,18 @@ def test_hash_layer_experts_are_prefetched():
     m = v4flash.load(FIXTURES / "tiny-a", expert_cache_mb=0.2)
     m.generate([0, 5, 9], max_new_tokens=4, stop_ids=[])
     assert m.stats()["expert_prefetches"] > 0
+
+
+def test_io_uring_and_pread_pool_give_identical_logits(monkeypatch, baseline):
+    engines = set()
+    for env in ("1", "0"):
+        monkeypatch.setenv("V4FLASH_IO_URING", env)
+        m = v4flash.load(FIXTURES / "tiny-a", expert_cache_mb=1e-6)
+        np.testing.assert_array_equal(m.logits(CASE_IDS), baseline)
+        engines.add(m.stats()["io_engine"])
+    # io_uring may be refused by a sandbox; the forced switch always gives the pool
+    assert "pread-pool" in engines
+    monkeypatch.setenv("V4FLASH_IO_URING", "0")
+    m = v4flash.load(FIXTURES / "tiny-a", io="buffered")
+    assert m.stats()["io_engine"] == "pread-pool"
+    assert m.stats()["direct_io"] is False

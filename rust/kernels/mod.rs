@@ -101,3 +101,54 @@ pub fn matvec(m: &MatRef, x: &[f32], y: &mut [f32]) {
 pub fn tier_name() -> &'static str {
     "portable"
 }
+
+/// Flops per iteration of [`fma_chains`].
+pub const FMA_CHAIN_FLOPS: usize = 2 * 16 * 12;
+
+/// Runs 12 independent 16-lane FMA chains for `iters` iterations (an FMA-peak probe that
+/// LLVM keeps in registers; with AVX-512 or AVX2 enabled it runs at the machine's peak).
+pub fn fma_chains(iters: usize, seed: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: avx512f was detected at run time.
+            return unsafe { fma_chains_avx512(iters, seed) };
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: avx2 and fma were detected at run time.
+            return unsafe { fma_chains_avx2(iters, seed) };
+        }
+    }
+    fma_chains_generic(iters, seed)
+}
+
+#[inline(always)]
+fn fma_chains_generic(iters: usize, seed: f32) -> f32 {
+    let mut acc = [[seed; 16]; 12];
+    let m = [0.999_999f32; 16];
+    let a = [1e-7f32; 16];
+    for _ in 0..iters {
+        for c in acc.iter_mut() {
+            for l in 0..16 {
+                c[l] = c[l].mul_add(m[l], a[l]);
+            }
+        }
+    }
+    acc.iter().flatten().sum()
+}
+
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn fma_chains_avx512(iters: usize, seed: f32) -> f32 {
+    fma_chains_generic(iters, seed)
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains_avx2(iters: usize, seed: f32) -> f32 {
+    fma_chains_generic(iters, seed)
+}

@@ -66,6 +66,16 @@ impl ShardFile {
         })
     }
 
+    /// The descriptor to read from asynchronously, and whether it is the direct one.
+    #[cfg(target_os = "linux")]
+    pub fn raw_fd(&self) -> (std::os::unix::io::RawFd, bool) {
+        use std::os::unix::io::AsRawFd;
+        match (&self.direct, self.is_direct()) {
+            (Some(f), true) => (f.as_raw_fd(), true),
+            _ => (self.buffered.as_raw_fd(), false),
+        }
+    }
+
     pub fn is_direct(&self) -> bool {
         self.direct_ok.load(Ordering::Relaxed)
     }

@@ -9,6 +9,8 @@
 pub mod io;
 pub mod policy;
 pub mod region;
+#[cfg(target_os = "linux")]
+mod uring;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -175,6 +177,8 @@ pub struct ExpertStore {
     pub expert_bytes: usize,
     pub mode: IoMode,
     pub policy: Policy,
+    /// Which read engine runs: "io_uring", "pread-pool" or "mmap".
+    pub engine: &'static str,
 }
 
 /// A pinned expert: its slot cannot be evicted until the pin is dropped.
@@ -349,15 +353,33 @@ impl ExpertStore {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let mut workers = Vec::new();
+        let mut engine = "none";
         if mode != IoMode::Mmap {
-            for w in 0..opts.io_threads.max(1) {
-                let (sh, rx) = (sh.clone(), rx.clone());
-                let h = std::thread::Builder::new()
-                    .name(format!("v4flash-io-{w}"))
-                    .spawn(move || io_worker(&sh, &rx))
-                    .map_err(|e| Error::Memory(format!("cannot start I/O threads: {e}")))?;
-                workers.push(h);
+            #[cfg(target_os = "linux")]
+            if mode == IoMode::Direct {
+                if let Some(ring) = uring::try_ring() {
+                    let (sh, rx) = (sh.clone(), rx.clone());
+                    let h = std::thread::Builder::new()
+                        .name("v4flash-uring".into())
+                        .spawn(move || uring::uring_worker(&sh, &rx, ring))
+                        .map_err(|e| Error::Memory(format!("cannot start the I/O thread: {e}")))?;
+                    workers.push(h);
+                    engine = "io_uring";
+                }
             }
+            if workers.is_empty() {
+                for w in 0..opts.io_threads.max(1) {
+                    let (sh, rx) = (sh.clone(), rx.clone());
+                    let h = std::thread::Builder::new()
+                        .name(format!("v4flash-io-{w}"))
+                        .spawn(move || io_worker(&sh, &rx))
+                        .map_err(|e| Error::Memory(format!("cannot start I/O threads: {e}")))?;
+                    workers.push(h);
+                }
+                engine = "pread-pool";
+            }
+        } else {
+            engine = "mmap";
         }
         Ok(ExpertStore {
             sh,
@@ -372,6 +394,7 @@ impl ExpertStore {
             expert_bytes,
             mode,
             policy: opts.policy,
+            engine,
         })
     }
 
@@ -736,47 +759,65 @@ fn io_worker(sh: &Shared, rx: &Mutex<mpsc::Receiver<Job>>) {
         };
         let Ok(job) = job else { return };
         let t0 = Instant::now();
-        let res = read_expert(sh, &job);
-        let mut g = sh.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let s = &mut g.slots[job.slot];
-        match res {
-            Ok(n) => {
-                s.state = SlotState::Ready;
-                sh.counters
-                    .bytes_read
-                    .fetch_add(n as u64, Ordering::Relaxed);
-            }
-            Err(e) => {
-                s.state = SlotState::Failed(e.to_string());
-                if s.pins == 0 {
-                    if let Some(k) = s.key.take() {
-                        g.map.remove(&k);
-                    }
-                    g.slots[job.slot].state = SlotState::Empty;
-                }
-            }
-        }
-        sh.counters
-            .read_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        drop(g);
-        sh.cv.notify_all();
+        let res = read_expert(sh, &job).and_then(|n| check_scales(sh, &job).map(|_| n));
+        finish_job(sh, &job, res, t0);
     }
 }
 
-fn read_expert(sh: &Shared, job: &Job) -> Result<usize> {
-    let lay = &sh.layouts[job.key as usize];
+/// Marks a job's slot Ready (or Failed, forgetting it when nobody waits) and wakes waiters.
+fn finish_job(sh: &Shared, job: &Job, res: Result<usize>, t0: Instant) {
+    let mut g = sh.inner.lock().unwrap_or_else(|p| p.into_inner());
+    let s = &mut g.slots[job.slot];
+    match res {
+        Ok(n) => {
+            s.state = SlotState::Ready;
+            sh.counters
+                .bytes_read
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Err(e) => {
+            s.state = SlotState::Failed(e.to_string());
+            if s.pins == 0 {
+                if let Some(k) = s.key.take() {
+                    g.map.remove(&k);
+                }
+                g.slots[job.slot].state = SlotState::Empty;
+            }
+        }
+    }
+    sh.counters
+        .read_ns
+        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    drop(g);
+    sh.cv.notify_all();
+}
+
+/// Synchronous read of one planned range into the job's slot (also the fallback of the
+/// asynchronous engine for short or refused reads).
+fn read_op(sh: &Shared, job: &Job, r: &ReadOp) -> Result<usize> {
     let region = sh.region.as_ref().expect("slot mode has a region");
     // SAFETY: the slot is Loading and owned by this job: no reader (not Ready) and no other
     // writer (a slot is handed to one job at a time); it was pre-faulted before being taken.
     let buf = unsafe { region.slot_mut(job.slot) };
+    sh.files[r.shard as usize].read_into(&mut buf[r.dst..], r.offset, r.len as usize)?;
+    Ok(r.len as usize)
+}
+
+fn read_expert(sh: &Shared, job: &Job) -> Result<usize> {
+    let lay = &sh.layouts[job.key as usize];
     let mut n = 0;
     for r in &lay.reads {
-        let f = &sh.files[r.shard as usize];
-        f.read_into(&mut buf[r.dst..], r.offset, r.len as usize)?;
-        n += r.len as usize;
+        n += read_op(sh, job, r)?;
     }
-    // scale bytes: reject the E8M0 NaN encoding
+    Ok(n)
+}
+
+/// Rejects the E8M0 NaN encoding in an expert's freshly read scale bytes.
+fn check_scales(sh: &Shared, job: &Job) -> Result<()> {
+    let lay = &sh.layouts[job.key as usize];
+    let region = sh.region.as_ref().expect("slot mode has a region");
+    // SAFETY: still Loading and owned by this job (see read_op); read-only access here.
+    let buf = unsafe { region.slot(job.slot) };
     for k in [1, 3, 5] {
         let (s, l) = lay.parts[k];
         if let Some(i) = buf[s..s + l].iter().position(|&b| b == 255) {
@@ -793,5 +834,5 @@ fn read_expert(sh: &Shared, job: &Job) -> Result<usize> {
             ));
         }
     }
-    Ok(n)
+    Ok(())
 }
