@@ -65,7 +65,15 @@ fn run_cancellable<T: Send>(
         h.join()
     });
     match result {
-        Ok(Ok(v)) => Ok(v),
+        Ok(Ok(v)) => {
+            if interrupted.is_some() {
+                // The work finished before it saw the flag, but check_signals consumed the
+                // SIGINT: hand it back to Python so the KeyboardInterrupt is not lost.
+                // SAFETY: called with the GIL held (we are attached here), as the C API needs.
+                unsafe { pyo3::ffi::PyErr_SetInterrupt() };
+            }
+            Ok(v)
+        }
         Ok(Err(Error::Cancelled)) => Err(interrupted.unwrap_or_else(|| to_py(Error::Cancelled))),
         Ok(Err(e)) => Err(to_py(e)),
         Err(_) => Err(PyRuntimeError::new_err(
@@ -473,12 +481,9 @@ impl PySession {
             }
             Ok(())
         });
-        match r {
-            Ok(()) => Ok(out),
-            // A cancelled generation keeps the tokens produced so far (the state is consistent).
-            Err(e) if e.is_instance_of::<PyKeyboardInterrupt>(py) && !out.is_empty() => Ok(out),
-            Err(e) => Err(e),
-        }
+        // On Ctrl-C the KeyboardInterrupt propagates; the tokens produced so far stay in the
+        // session (its state is consistent after every token), see `tokens`.
+        r.map(|()| out)
     }
 
     /// Samples one token (feeding `ids` first); used by the Python streaming iterator.

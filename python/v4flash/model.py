@@ -94,8 +94,9 @@ class Session:
         stop_ids: Optional[Sequence[int]] = None,
     ) -> List[int]:
         """Feeds ``ids`` then returns up to ``max_new_tokens`` new tokens (greedy when
-        temperature is 0), stopping after a stop id (default: EOS). Ctrl-C stops early and
-        returns the tokens produced so far; the session stays usable."""
+        temperature is 0), stopping after a stop id (default: EOS). Ctrl-C raises
+        ``KeyboardInterrupt``; the tokens produced so far stay in the session
+        (``Session.tokens``) and the session stays usable."""
         n = _int_arg(max_new_tokens, "max_new_tokens", 1)
         s = _Sampling(temperature, top_p, top_k, seed)
         stops = self._model._stops(stop_ids)

@@ -1,0 +1,754 @@
+"""Whole-run benchmark: load, prefill, greedy decode, and the machine's own limits.
+
+    python -m v4flash.bench --model DIR --ram 16 --prompt 16 --gen 4 [--json]
+    python -m v4flash.bench --predict [--mem-gbs 50]
+
+Besides the engine's speed it measures, in the same run, the streaming memory-read bandwidth
+and the disk's direct (uncached) sequential read bandwidth on the checkpoint's own shards, and
+from them the decode speed this checkpoint could reach at the observed expert hit rate:
+
+    t_token >= dense_bytes / mem_bw + layers * k * (1 - hit_rate) * expert_bytes / disk_bw
+
+``dense_bytes`` is every non-expert tensor a decode step reads (attention, shared expert,
+router, compressors, indexer, hyper-connections, norms, the head) plus one embedding row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import mmap
+import os
+import resource
+import statistics
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+GB = 1e9
+PROMPT_TEXT = (
+    "DeepSeek V4 Flash is a mixture-of-experts language model. Each token is routed to six of "
+    "two hundred and fifty-six experts per layer, plus one shared expert, so most of the "
+    "weights sit idle for any given token. Running it on an ordinary computer means keeping "
+    "the dense part in memory and streaming the experts from the disk through a cache. "
+)
+ITEMSIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BF16": 2, "F16": 2, "F32": 4}
+ITEMSIZE.update({"I32": 4, "I64": 8, "F64": 8})
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint accounting (from the shard headers, no weights read)
+# --------------------------------------------------------------------------------------------
+def read_headers(model_dir: Path) -> Dict[str, Tuple[str, List[int], int]]:
+    """name -> (dtype, shape, nbytes) over all shards."""
+    model_dir = Path(model_dir)
+    idx = model_dir / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+        if idx.exists()
+        else ["model.safetensors"]
+    )
+    out: Dict[str, Tuple[str, List[int], int]] = {}
+    for fn in files:
+        with open(model_dir / fn, "rb") as f:
+            (hl,) = struct.unpack("<Q", f.read(8))
+            h = json.loads(f.read(hl))
+        for name, v in h.items():
+            if name == "__metadata__":
+                continue
+            b, e = v["data_offsets"]
+            out[name] = (v["dtype"], list(v["shape"]), e - b)
+    return out
+
+
+def _is_expert(name: str) -> bool:
+    return ".ffn.experts." in name
+
+
+def account(headers: Dict[str, Tuple[str, List[int], int]], cfg: Any) -> Dict[str, float]:
+    """Bytes and parameters a decode step touches, from the tensor table.
+
+    Returns dense_bytes_per_token (everything but the routed experts, the embedding table (one
+    row only), the hash tables (one row) and MTP), expert_bytes (one routed expert's w1+w2+w3
+    with scales), and active_params_per_token (matmul weights a token multiplies: dense
+    matrices, shared and k routed experts; the head is counted once per token)."""
+    dense = 0
+    dense_params = 0
+    head_params = 0
+    expert_total = 0
+    expert_params = 0
+    n_experts = 0
+    for name, (dtype, shape, nbytes) in headers.items():
+        if name.startswith("mtp."):
+            continue
+        if _is_expert(name):
+            expert_total += nbytes
+            if name.endswith(".weight"):
+                expert_params += math.prod(shape) * (2 if dtype == "I8" else 1)
+            if name.endswith(".w1.weight"):
+                n_experts += 1
+            continue
+        if name == "embed.weight":
+            dense += shape[-1] * ITEMSIZE.get(dtype, 2)
+            continue
+        if name.endswith("gate.tid2eid"):
+            dense += shape[-1] * ITEMSIZE.get(dtype, 8)
+            continue
+        dense += nbytes
+        if len(shape) == 2 and not name.endswith((".scale", ".ape")):
+            p = math.prod(shape)
+            if name == "head.weight":
+                head_params += p
+            else:
+                dense_params += p
+    expert_bytes = expert_total / max(n_experts, 1)
+    k = cfg.num_experts_per_tok
+    per_expert_params = expert_params / max(n_experts, 1)
+    active = dense_params + head_params + cfg.num_hidden_layers * k * per_expert_params
+    return {
+        "dense_bytes_per_token": float(dense),
+        "expert_bytes": float(expert_bytes),
+        "n_experts": float(n_experts),
+        "active_params_per_token": float(active),
+        "prefill_params_per_token": float(active - head_params),
+    }
+
+
+def limit_tok_s(
+    dense_bytes: float,
+    mem_gbs: float,
+    layers: int,
+    k: int,
+    hit_rate: float,
+    expert_bytes: float,
+    disk_gbs: float,
+) -> float:
+    """Decode-speed bound: dense bytes at memory bandwidth plus missed experts at disk speed."""
+    t = dense_bytes / (mem_gbs * GB) + layers * k * (1 - hit_rate) * expert_bytes / (disk_gbs * GB)
+    return 1.0 / t if t > 0 else float("inf")
+
+
+# --------------------------------------------------------------------------------------------
+# Machine limits
+# --------------------------------------------------------------------------------------------
+def _core_fn(name: str):
+    try:
+        from . import _core
+    except ImportError:  # pragma: no cover
+        return None
+    return getattr(_core, name, None)
+
+
+def mem_read_gbs(nbytes: int = 1 << 30, threads: Optional[int] = None) -> Tuple[float, str]:
+    """Streaming read bandwidth in GB/s (best of 3) and how it was measured."""
+    f = _core_fn("mem_read_gbs")
+    if f is not None:
+        t = threads or os.cpu_count() or 1
+        return float(f(nbytes, t)), f"_core.mem_read_gbs, {t} thread(s)"
+    return mem_read_gbs_numpy(nbytes, threads)
+
+
+def mem_read_gbs_numpy(nbytes: int, threads: Optional[int] = None) -> Tuple[float, str]:
+    """The numpy fallback: threaded max over a uint64 array (a lower bound)."""
+    n = max(1, nbytes // 8)
+    a = np.ones(n, dtype=np.uint64)  # touched, so every page is resident
+    parts = max(1, threads or 1)
+    chunks = np.array_split(a, parts)
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        if parts == 1:
+            a.max()
+        else:  # numpy releases the GIL in reductions
+            ts = [threading.Thread(target=c.max) for c in chunks]
+            for th in ts:
+                th.start()
+            for th in ts:
+                th.join()
+        best = max(best, a.nbytes / (time.perf_counter() - t) / GB)
+    del a, chunks
+    return best, f"numpy u64 max, {parts} thread(s); a lower bound"
+
+
+def disk_read_gbs(
+    model_dir: Path, nbytes: int = 1 << 30, block: int = 8 << 20, depth: int = 4
+) -> Tuple[float, str]:
+    """Sequential read bandwidth (GB/s) on the largest shard, bypassing the page cache
+    (O_DIRECT; ``depth`` reads in flight), and how it was measured."""
+    shards = sorted(Path(model_dir).glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    if not shards:
+        raise FileNotFoundError(f"{model_dir}: no .safetensors files")
+    path = shards[-1]
+    f = _core_fn("disk_read_gbs")
+    if f is not None:
+        r = f(str(path), nbytes)
+        gbs, direct = r if isinstance(r, tuple) else (r, True)
+        how = "direct I/O" if direct else "buffered (direct I/O refused; may hit the page cache)"
+        return float(gbs), f"_core.disk_read_gbs, {how}, QD1 8 MiB, {path.name}"
+    return disk_read_gbs_python(path, nbytes, block, depth)
+
+
+def disk_read_gbs_python(
+    path: Path, nbytes: int = 1 << 30, block: int = 8 << 20, depth: int = 4
+) -> Tuple[float, str]:
+    """The Python fallback: O_DIRECT preadv into page-aligned buffers, ``depth`` in flight,
+    from the middle of the file; buffered with a note where O_DIRECT is unavailable."""
+    size = path.stat().st_size
+    nbytes = min(nbytes, size // block * block)
+    if nbytes < block:
+        block = max(4096, (size // 4096) * 4096)
+        nbytes = block
+    # start in the middle of the file, page aligned: less likely to be cached (matters only
+    # for the buffered fallback)
+    start = ((size - nbytes) // 2) // (1 << 20) * (1 << 20)
+    how = "O_DIRECT"
+    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
+    if not getattr(os, "O_DIRECT", 0):
+        how = "buffered (no O_DIRECT on this OS; may include page-cache hits)"
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        fd = os.open(path, os.O_RDONLY)
+        how = "buffered (O_DIRECT refused; may include page-cache hits)"
+    try:
+        if how != "O_DIRECT" and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, start, nbytes, os.POSIX_FADV_DONTNEED)
+        offsets = list(range(start, start + nbytes, block))
+        lock = threading.Lock()
+        got = [0]
+        err: List[BaseException] = []
+
+        def worker():
+            buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT needs
+            try:
+                while True:
+                    with lock:
+                        if not offsets:
+                            return
+                        off = offsets.pop(0)
+                    n = os.preadv(fd, [buf], off)
+                    with lock:
+                        got[0] += n
+            except BaseException as e:  # noqa: BLE001
+                err.append(e)
+            finally:
+                buf.close()
+
+        t = time.perf_counter()
+        ts = [threading.Thread(target=worker) for _ in range(depth)]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        dt = time.perf_counter() - t
+        if err:
+            if how == "O_DIRECT":
+                os.close(fd)
+                fd = -1
+                return _buffered_fallback(path, start, nbytes, block)
+            raise err[0]
+        return got[0] / dt / GB, f"{how}, {block >> 20} MiB x {depth} in flight, {path.name}"
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _buffered_fallback(path: Path, start: int, nbytes: int, block: int) -> Tuple[float, str]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, start, nbytes, os.POSIX_FADV_DONTNEED)
+        t = time.perf_counter()
+        got = 0
+        for off in range(start, start + nbytes, block):
+            got += len(os.pread(fd, block, off))
+        dt = time.perf_counter() - t
+    finally:
+        os.close(fd)
+    return got / dt / GB, "buffered (O_DIRECT read failed; may include page-cache hits)"
+
+
+def fma_peak_gflops(threads: Optional[int]) -> Optional[float]:
+    f = _core_fn("fma_peak_gflops")
+    return None if f is None else float(f(threads or os.cpu_count() or 1))
+
+
+def peak_rss_gb() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / GB if sys.platform == "darwin" else r * 1024 / GB
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+def make_prompt(model_dir: Path, n: int, vocab: int, seed: int = 0) -> Tuple[List[int], str]:
+    """n prompt ids from the checkpoint's tokenizer (repeated English text), else random ids."""
+    tj = Path(model_dir) / "tokenizer.json"
+    if tj.exists():
+        try:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(tj))
+            ids = tok.encode(PROMPT_TEXT).ids
+            if ids and max(ids) < vocab:
+                reps = -(-n // len(ids))
+                return (ids * reps)[:n], "tokenizer text"
+        except Exception:  # noqa: BLE001 - any tokenizer trouble: fall back to random ids
+            pass
+    rng = np.random.default_rng(seed)
+    return [int(i) for i in rng.integers(2, vocab, size=n)], "random ids"
+
+
+def _delta(a: Dict[str, Any], b: Dict[str, Any], key: str) -> float:
+    return float(b.get(key, 0) or 0) - float(a.get(key, 0) or 0)
+
+
+def run_bench(
+    model_dir: str,
+    ram_gb: Optional[float] = None,
+    prompt_len: int = 16,
+    gen_tokens: int = 4,
+    threads: Optional[int] = None,
+    json_out: bool = False,
+    *,
+    expert_cache_mb: Optional[float] = None,
+    measure_machine: bool = True,
+    measure_fma: bool = True,
+    mem_bytes: int = 1 << 30,
+    disk_bytes: int = 1 << 30,
+    load_kw: Optional[Dict[str, Any]] = None,
+    quiet: bool = False,
+) -> Dict[str, Any]:
+    """Runs the benchmark; prints the table (or JSON with ``json_out``) unless ``quiet``, and
+    returns the results dict."""
+    from . import load, load_config
+
+    if prompt_len < 1 or gen_tokens < 1:
+        raise ValueError("prompt_len and gen_tokens must be >= 1")
+    path = Path(model_dir)
+    cfg = load_config(path)
+    acc = account(read_headers(path), cfg)
+    notes: List[str] = []
+
+    kw = dict(load_kw or {})
+    if expert_cache_mb is not None:
+        kw["expert_cache_mb"] = expert_cache_mb
+    t0 = time.perf_counter()
+    model = load(path, ram_gb=ram_gb, threads=threads, **kw)
+    load_s = time.perf_counter() - t0
+    rss_after_load = peak_rss_gb()
+
+    prompt, prompt_kind = make_prompt(path, prompt_len, cfg.vocab_size)
+    sess = model.session()
+    s0 = model.stats()
+    t = time.perf_counter()
+    sess.feed(prompt)
+    prefill_s = time.perf_counter() - t
+    s1 = model.stats()
+
+    # The first streamed token is sampled from the prefill's logits (no forward pass); each
+    # later one costs one decode step, so ask for gen_tokens + 1.
+    per_token: List[Dict[str, float]] = []
+    it = sess.stream([], max_new_tokens=gen_tokens + 1, temperature=0.0, stop_ids=[])
+    next(it)
+    prev = model.stats()
+    t = time.perf_counter()
+    out_ids: List[int] = []
+    for tok in it:
+        now = time.perf_counter()
+        st = model.stats()
+        wait_key = "expert_wait_s" if "expert_wait_s" in st else "expert_read_s"
+        req = _delta(prev, st, "expert_requests")
+        wall = now - t
+        wait = _delta(prev, st, wait_key)
+        per_token.append(
+            {
+                "ms": wall * 1e3,
+                "disk_bytes": _delta(prev, st, "expert_bytes_read"),
+                "hit_rate": _delta(prev, st, "expert_hits") / req if req else float("nan"),
+                "wait_ms": wait * 1e3,
+                "compute_ms": max(0.0, wall - wait) * 1e3,
+            }
+        )
+        out_ids.append(int(tok))
+        prev, t = st, time.perf_counter()
+    s2 = prev
+    if "expert_wait_s" not in s2:
+        notes.append("no expert_wait_s in stats: 'wait' is expert_read_s (read time, may overlap)")
+    rss = peak_rss_gb()
+
+    dec_req = _delta(s1, s2, "expert_requests")
+    hit_rate = _delta(s1, s2, "expert_hits") / dec_req if dec_req else 1.0
+    pre_req = _delta(s0, s1, "expert_requests")
+    n_dec = len(per_token)
+    decode_tok_s = 1e3 / statistics.median(p["ms"] for p in per_token)
+    prefill_tok_s = prompt_len / prefill_s
+    disk_per_tok = _delta(s1, s2, "expert_bytes_read") / n_dec
+
+    res: Dict[str, Any] = {
+        "model": str(path),
+        "layers": cfg.num_hidden_layers,
+        "kernel_tier": s2.get("kernel_tier"),
+        "threads": s2.get("threads"),
+        "ram_gb": ram_gb,
+        "expert_cache_mb": expert_cache_mb,
+        "expert_slots": s2.get("expert_slots"),
+        "prompt_tokens": prompt_len,
+        "prompt_kind": prompt_kind,
+        "decode_tokens": n_dec,
+        "load_s": load_s,
+        "prefill_s": prefill_s,
+        "prefill_tok_s": prefill_tok_s,
+        "prefill_hit_rate": _delta(s0, s1, "expert_hits") / pre_req if pre_req else None,
+        "prefill_disk_bytes": _delta(s0, s1, "expert_bytes_read"),
+        "decode_tok_s": decode_tok_s,
+        "decode_tok_s_mean": n_dec / sum(p["ms"] for p in per_token) * 1e3,
+        "hit_rate": hit_rate,
+        "disk_bytes_per_token": disk_per_tok,
+        "wait_ms_per_token": statistics.median(p["wait_ms"] for p in per_token),
+        "compute_ms_per_token": statistics.median(p["compute_ms"] for p in per_token),
+        "per_token": per_token,
+        "output_ids": out_ids,
+        "peak_rss_gb": rss,
+        "peak_rss_after_load_gb": rss_after_load,
+        "dense_bytes_per_token": acc["dense_bytes_per_token"],
+        "expert_bytes": acc["expert_bytes"],
+        "active_params_per_token": acc["active_params_per_token"],
+    }
+    flops = 2 * acc["prefill_params_per_token"] * prompt_len / prefill_s
+    res["prefill_gflops"] = flops / 1e9
+    del sess, model  # free the model before the bandwidth probes (peak RSS already taken)
+
+    if measure_machine:
+        mem, mem_how = mem_read_gbs(mem_bytes, threads or os.cpu_count())
+        disk, disk_how = disk_read_gbs(path, disk_bytes)
+        fma = fma_peak_gflops(threads) if measure_fma else None
+    else:
+        mem, mem_how, disk, disk_how, fma = float("nan"), "skipped", float("nan"), "skipped", None
+    res.update(
+        {
+            "mem_read_gbs": mem,
+            "mem_read_how": mem_how,
+            "disk_read_gbs": disk,
+            "disk_read_how": disk_how,
+            "fma_peak_gflops": fma,
+            "prefill_fraction_of_fma_peak": (res["prefill_gflops"] / fma) if fma else None,
+        }
+    )
+    if fma is None and measure_fma and measure_machine:
+        notes.append("no _core.fma_peak_gflops: FMA peak n/a")
+    lim = limit_tok_s(
+        acc["dense_bytes_per_token"],
+        mem,
+        cfg.num_hidden_layers,
+        cfg.num_experts_per_tok,
+        hit_rate,
+        acc["expert_bytes"],
+        disk,
+    )
+    res["limit_decode_tok_s"] = lim
+    res["fraction_of_limit"] = decode_tok_s / lim if lim and math.isfinite(lim) else None
+    res["notes"] = notes
+    if not quiet:
+        if json_out:
+            print(json.dumps(res, indent=2, default=_json_default))
+        else:
+            print_table(res)
+    return res
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    raise TypeError(type(o).__name__)
+
+
+def _fmt_bytes(b: float) -> str:
+    if not math.isfinite(b):
+        return "n/a"
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= f:
+            return f"{b / f:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
+    def pct(x):
+        return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f} %"
+
+    fma = r.get("fma_peak_gflops")
+    rows = [
+        ("model", f"{r['model']} ({r['layers']} layers)"),
+        ("kernels / threads", f"{r['kernel_tier']} / {r['threads']}"),
+        ("RAM budget / expert slots", f"{r['ram_gb']} GB / {r.get('expert_slots')}"),
+        ("load", f"{r['load_s']:.2f} s"),
+        (
+            "prefill",
+            f"{r['prefill_tok_s']:.2f} tok/s ({r['prompt_tokens']} tokens, {r['prompt_kind']})",
+        ),
+        (
+            "prefill compute",
+            f"{r['prefill_gflops']:.1f} GFLOP/s"
+            + (f" of {fma:.0f} peak ({pct(r['prefill_fraction_of_fma_peak'])})" if fma else "")
+            + ("" if fma else " (FMA peak n/a)"),
+        ),
+        ("decode (median)", f"{r['decode_tok_s']:.3f} tok/s over {r['decode_tokens']} tokens"),
+        ("  disk read / token", _fmt_bytes(r["disk_bytes_per_token"])),
+        ("  expert hit rate", pct(r["hit_rate"])),
+        ("  waiting on reads / token", f"{r['wait_ms_per_token']:.1f} ms"),
+        ("  computing / token", f"{r['compute_ms_per_token']:.1f} ms"),
+        ("peak RSS", f"{r['peak_rss_gb']:.2f} GB"),
+        ("memory read bandwidth", f"{r['mem_read_gbs']:.1f} GB/s ({r['mem_read_how']})"),
+        ("disk read bandwidth", f"{r['disk_read_gbs']:.2f} GB/s ({r['disk_read_how']})"),
+        (
+            "dense bytes / token",
+            f"{_fmt_bytes(r['dense_bytes_per_token'])}; expert {_fmt_bytes(r['expert_bytes'])}",
+        ),
+        ("decode limit at this hit rate", f"{r['limit_decode_tok_s']:.3f} tok/s"),
+        ("achieved fraction of limit", pct(r["fraction_of_limit"])),
+    ]
+    for i, p in enumerate(r["per_token"]):
+        rows.append(
+            (
+                f"  token {i + 1}",
+                f"{p['ms']:.0f} ms: read {_fmt_bytes(p['disk_bytes'])}, hit {pct(p['hit_rate'])}, "
+                f"wait {p['wait_ms']:.0f} ms, compute {p['compute_ms']:.0f} ms",
+            )
+        )
+    for n in r.get("notes", []):
+        rows.append(("note", n))
+    return rows
+
+
+def print_table(r: Dict[str, Any]) -> None:
+    rows = _rows(r)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="v4flash bench", show_header=False)
+        t.add_column("what", style="bold")
+        t.add_column("value")
+        for k, v in rows:
+            t.add_row(k, v)
+        Console().print(t)
+    except ImportError:  # pragma: no cover
+        w = max(len(k) for k, _ in rows)
+        for k, v in rows:
+            print(f"{k:<{w}}  {v}")
+
+
+# --------------------------------------------------------------------------------------------
+# Prediction for the full model
+# --------------------------------------------------------------------------------------------
+def real_model_bytes(n_layers: int = 43) -> Dict[str, float]:
+    """Dense and expert sizes of the published checkpoint (its first ``n_layers`` layers; 43 is
+    the whole model), from its tensor shapes."""
+    H, V, QL, D, NH, G, R, I, E = 4096, 129280, 1024, 512, 64, 8, 1024, 2048, 256  # noqa: E741
+    IH, ID, HC = 64, 128, 4
+    ratios = ([0, 0] + [4, 128] * 20 + [4])[:n_layers]
+
+    def fp8(o: int, i: int) -> int:
+        return o * i + -(-o // 128) * -(-i // 128)
+
+    def hc(rows: int) -> int:
+        return 4 * (rows * HC * H + rows + (3 if rows != HC else 1))
+
+    layer = []
+    for i, r in enumerate(ratios):
+        b = 64 * 4 + 2 * QL + 2 * D  # sink, q_norm, kv_norm
+        b += fp8(QL, H) + fp8(NH * D, QL) + fp8(D, H) + fp8(G * R, NH * D // G) + fp8(H, G * R)
+        if r:
+            c = 2 if r == 4 else 1
+            b += 4 * r * c * D + 2 * D + 2 * 2 * c * D * H
+        if r == 4:
+            b += 4 * r * 2 * ID + 2 * ID + 2 * 2 * 2 * ID * H + 2 * IH * H + fp8(IH * ID, QL)
+        b += 2 * E * H + (
+            6 * 8 if i < min(3, n_layers) else 4 * E
+        )  # router (+ one tid2eid row / bias)
+        b += 2 * fp8(I, H) + fp8(H, I)  # shared expert
+        b += 2 * 2 * H + 2 * hc((2 + HC) * HC)
+        layer.append(b)
+    glob = 2 * V * H + 2 * H + hc(HC)  # head, norm, hc_head
+    expert = 2 * (I * H // 2 + I * H // 32) + (H * I // 2 + H * I // 32)
+    return {
+        "dense_bytes_per_token": float(sum(layer) + glob + 2 * H),
+        "dense_resident_bytes": float(sum(layer) + glob),
+        "embed_bytes": float(2 * V * H),
+        "expert_bytes": float(expert),
+        "layers": float(n_layers),
+        "experts": float(E),
+        "topk": 6.0,
+    }
+
+
+def emulated_cache_mb(full_ram_gb: float, layers: int, overhead_gb: float = 1.5) -> float:
+    """Expert cache (MiB) that gives an ``layers``-layer checkpoint the same experts-per-layer
+    share as the full 43-layer model would have under a ``full_ram_gb`` budget (so a short
+    synthetic checkpoint sees the full model's cache pressure)."""
+    m = real_model_bytes()
+    cache = max(0.0, full_ram_gb * GB - m["dense_resident_bytes"] - overhead_gb * GB)
+    per_layer = cache / m["expert_bytes"] / m["layers"]
+    return max(1.0, per_layer * layers * m["expert_bytes"] / (1 << 20))
+
+
+def zipf_hit_rate(slots_per_layer: float, n_experts: int = 256, s: float = 1.0) -> float:
+    """Hit rate of a cache holding the `slots` most popular experts of each layer when
+    selections follow Zipf(s) (the synthetic checkpoint's distribution): H_s(c) / H_s(E)."""
+    c = max(0, min(n_experts, int(slots_per_layer)))
+    w = np.arange(1, n_experts + 1, dtype=np.float64) ** -s
+    return float(w[:c].sum() / w.sum())
+
+
+def predict_table(
+    ram_gbs: Iterable[float] = (16, 24, 32, 64),
+    disk_gbss: Iterable[float] = (1.5, 3.5, 7.0),
+    mem_gbs: float = 50.0,
+    overhead_gb: float = 1.5,
+    zipf: float = 1.0,
+) -> List[Dict[str, float]]:
+    """Predicted decode tok/s of the full 43-layer model per RAM budget and disk speed.
+
+    The dense part and the head stay resident (the embedding is read a row at a time); what the
+    budget leaves after ``overhead_gb`` (KV cache, activations, runtime) holds experts; the
+    cache is assumed to keep each layer's most popular experts under Zipf(``zipf``)
+    popularity; the bound is the limit formula above at memory bandwidth ``mem_gbs``."""
+    m = real_model_bytes()
+    rows = []
+    for ram in ram_gbs:
+        cache = max(0.0, ram * GB - m["dense_resident_bytes"] - overhead_gb * GB)
+        slots = cache / m["expert_bytes"]
+        hit = zipf_hit_rate(slots / m["layers"], int(m["experts"]), zipf)
+        for disk in disk_gbss:
+            tok_s = limit_tok_s(
+                m["dense_bytes_per_token"],
+                mem_gbs,
+                int(m["layers"]),
+                int(m["topk"]),
+                hit,
+                m["expert_bytes"],
+                disk,
+            )
+            rows.append(
+                {
+                    "ram_gb": float(ram),
+                    "disk_gbs": float(disk),
+                    "mem_gbs": float(mem_gbs),
+                    "cached_experts": float(int(slots)),
+                    "hit_rate": hit,
+                    "disk_gb_per_token": m["layers"]
+                    * m["topk"]
+                    * (1 - hit)
+                    * m["expert_bytes"]
+                    / GB,
+                    "limit_tok_s": tok_s,
+                }
+            )
+    return rows
+
+
+def print_predict(rows: List[Dict[str, float]]) -> None:
+    m = real_model_bytes()
+    print(
+        f"DeepSeek V4 Flash (43 layers): dense {m['dense_bytes_per_token'] / GB:.2f} GB/token "
+        f"(incl. head), resident {m['dense_resident_bytes'] / GB:.2f} GB + embedding "
+        f"{m['embed_bytes'] / GB:.2f} GB on disk, expert {m['expert_bytes'] / 1e6:.2f} MB; "
+        f"memory {rows[0]['mem_gbs']:.0f} GB/s; Zipf-popular experts, cache = top per layer"
+    )
+    disks = sorted({r["disk_gbs"] for r in rows})
+    print("| RAM | cached experts | hit rate | " + " | ".join(f"{d:g} GB/s" for d in disks) + " |")
+    print("|---|---|---|" + "---|" * len(disks))
+    for ram in sorted({r["ram_gb"] for r in rows}):
+        rr = [r for r in rows if r["ram_gb"] == ram]
+        cells = " | ".join(f"{r['limit_tok_s']:.2f} tok/s" for r in rr)
+        print(
+            f"| {ram:g} GB | {rr[0]['cached_experts']:.0f} | {100 * rr[0]['hit_rate']:.0f} % "
+            f"| {cells} |"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m v4flash.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--model", help="checkpoint directory")
+    p.add_argument("--ram", type=float, default=None, help="RAM budget in GB")
+    p.add_argument("--expert-cache-mb", type=float, default=None)
+    p.add_argument(
+        "--emulate-full-ram",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="size the expert cache so each layer gets the share the full 43-layer model "
+        "would get under this RAM budget (for short synthetic checkpoints)",
+    )
+    p.add_argument("--prompt", type=int, default=16, help="prompt tokens (default 16)")
+    p.add_argument("--gen", type=int, default=4, help="decode tokens (default 4)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--io", default=None, help="engine read path (direct/buffered/mmap)")
+    p.add_argument("--policy", default=None, help="expert cache policy (freq-decay/lru)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-machine", action="store_true", help="skip the bandwidth probes")
+    p.add_argument("--no-fma", action="store_true", help="skip the FMA peak probe")
+    p.add_argument("--mem-gb", type=float, default=1.0, help="memory probe size (GB)")
+    p.add_argument("--disk-gb", type=float, default=1.0, help="disk probe size (GB)")
+    p.add_argument("--predict", action="store_true", help="print the full-model prediction table")
+    p.add_argument(
+        "--mem-gbs",
+        type=float,
+        default=None,
+        help="memory bandwidth for --predict (default: measured here)",
+    )
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.predict:
+        mem = a.mem_gbs
+        if mem is None:
+            mem, _ = mem_read_gbs(int(a.mem_gb * (1 << 30)), a.threads or os.cpu_count())
+        rows = predict_table(mem_gbs=mem)
+        if a.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print_predict(rows)
+        return 0
+    if not a.model:
+        _parser().error("--model is required (or --predict)")
+    cache_mb = a.expert_cache_mb
+    if a.emulate_full_ram is not None:
+        from .config import load_config
+
+        cache_mb = emulated_cache_mb(a.emulate_full_ram, load_config(a.model).num_hidden_layers)
+    load_kw: Dict[str, Any] = {}
+    if a.io:
+        load_kw["io"] = a.io
+    if a.policy:
+        load_kw["cache_policy"] = a.policy
+    run_bench(
+        a.model,
+        ram_gb=a.ram,
+        prompt_len=a.prompt,
+        gen_tokens=a.gen,
+        threads=a.threads,
+        json_out=a.json,
+        expert_cache_mb=cache_mb,
+        measure_machine=not a.no_machine,
+        measure_fma=not a.no_fma,
+        mem_bytes=int(a.mem_gb * (1 << 30)),
+        disk_bytes=int(a.disk_gb * (1 << 30)),
+        load_kw=load_kw,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

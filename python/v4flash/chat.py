@@ -1,0 +1,628 @@
+"""Multi-turn chat: a conversation state machine that reuses the session between turns, and
+the ``rich`` terminal front end of ``v4flash chat``.
+
+:class:`Conversation` knows nothing about the terminal (tests drive it directly). Each turn it
+re-encodes the whole conversation with the DeepSeek V4 template, then reuses as much of the
+session as is valid:
+
+* **append** (chat mode): the session already holds a prefix of the new prompt (previous
+  prompt + answer; the EOS that closes the answer is fed with the new turn), so only the new
+  tokens are prefilled;
+* **rollback** (thinking mode, or a mode switch): the previous answer was generated after
+  ``<think>`` but is re-rendered as ``</think>`` + content, so the session rolls back to the
+  snapshot taken right after the previous turn's ``<｜Assistant｜>`` and feeds from there;
+* **reset**: nothing matches (e.g. the system prompt changed): full prefill, counted.
+
+Answers keep the ids the model generated: in the re-encoded prompt, each earlier answer's
+content (the ids between ``<｜Assistant｜></think>`` and its EOS) is replaced by the generated
+ids when they decode to the same text, because re-tokenizing generated text may split it
+differently (always so for the random-weight demo). Every other id, template and user text
+alike, must match the session's exactly, or the session is not reused.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .encoding import encode_prompt_ids
+
+PREFILL_CHUNK = 256  # tokens per feed call when a progress callback is given
+SNAPSHOTS_KEPT = 4
+
+TextCallback = Callable[[str, str], None]  # (kind: "reasoning" | "content", text)
+ProgressCallback = Callable[[int, int], None]  # (tokens done, total)
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+    max_tokens: int = 1024
+
+
+@dataclass
+class TurnResult:
+    prompt_ids: List[int]
+    ids: List[int]  # generated ids (the prompt's trailing <think>/</think> not included)
+    text: str  # everything generated, decoded
+    reasoning: str
+    content: str
+    stop: str  # "eos" | "length" | "interrupted" | "cancelled" (during prefill)
+    stats: Dict[str, Any] = field(default_factory=dict)
+
+
+def status_line(s: Dict[str, Any]) -> str:
+    """One line: tokens, speed, time to first token, prefill, expert hit rate."""
+    parts = [f"{s.get('generated_tokens', 0)} tokens"]
+    if s.get("decode_tok_s") is not None:
+        parts.append(f"{s['decode_tok_s']:.1f} tok/s")
+    if s.get("ttft_s") is not None:
+        parts.append(f"TTFT {s['ttft_s']:.2f} s")
+    pre = f"prefill {s.get('prefill_tokens', 0)}"
+    if s.get("reused_tokens"):
+        pre += f" (reused {s['reused_tokens']}, {s.get('reuse')})"
+    parts.append(pre)
+    hit = s.get("expert_hit_rate")
+    parts.append("experts " + ("-" if hit is None else f"{hit:.0%} hit"))
+    if s.get("stop") not in (None, "eos"):
+        parts.append(str(s["stop"]))
+    return " · ".join(parts)
+
+
+class Conversation:
+    """Messages plus a session that holds their state; see the module docstring."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        thinking: bool = False,
+        system: Optional[str] = None,
+        reasoning_effort: Optional[str] = None,
+        release: Optional[str] = None,
+    ):
+        self.model = model
+        self.tok = tokenizer
+        self.thinking = thinking
+        self.system = system or None
+        self.reasoning_effort = reasoning_effort
+        self.release = release
+        enc = Path(getattr(model, "path", ".")) / "encoding" / "encoding_dsv4.py"
+        self.encoder_path = enc if enc.is_file() else None
+        self.session = model.session()
+        self.messages: List[Dict[str, Any]] = []
+        self._answers: List[Optional[List[int]]] = []  # per assistant message: content ids
+        self._snaps: List[Tuple[List[int], Any]] = []  # (tokens, snapshot) at <｜Assistant｜>
+        self.turns: List[Dict[str, Any]] = []
+        self.reuse_counts = {"new": 0, "append": 0, "rollback": 0, "reset": 0}
+        # validate the settings now rather than at the first turn
+        self.encode([{"role": "user", "content": "x"}])
+
+    # --- state ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the conversation (the system prompt and mode stay)."""
+        self.session.reset()
+        self.messages.clear()
+        self._answers.clear()
+        self._snaps.clear()
+
+    def set_system(self, text: Optional[str]) -> None:
+        self.system = text or None
+
+    def set_thinking(self, on: bool) -> None:
+        self.thinking = bool(on)
+
+    @property
+    def mode(self) -> str:
+        return "thinking" if self.thinking else "chat"
+
+    def encode(self, messages: Sequence[Dict[str, Any]]) -> List[int]:
+        msgs = list(messages)
+        if self.system:
+            msgs.insert(0, {"role": "system", "content": self.system})
+        return encode_prompt_ids(
+            self.tok,
+            msgs,
+            thinking_mode=self.mode,
+            reasoning_effort=self.reasoning_effort if self.thinking else None,
+            release=self.release,
+            encoder_path=self.encoder_path,
+        )
+
+    def _canonical(self, ids: List[int]) -> List[int]:
+        """``ids`` with each earlier answer's content replaced by the ids the model generated
+        (when they decode to the same text)."""
+        asst, end_think, eos = self.tok.assistant_id, self.tok.end_think_id, self.tok.eos_id
+        out: List[int] = []
+        i, k, n = 0, 0, len(ids)
+        while i < n:
+            if ids[i] == asst and i + 1 < n and ids[i + 1] == end_think and eos in ids[i + 2 :]:
+                e = ids.index(eos, i + 2)
+                span = ids[i + 2 : e]
+                gen = self._answers[k] if k < len(self._answers) else None
+                k += 1
+                if (
+                    gen is not None
+                    and gen != span
+                    and self.tok.decode(gen) == self.tok.decode(span)
+                ):
+                    span = gen
+                out += [asst, end_think] + span
+                i = e
+                continue
+            out.append(ids[i])
+            i += 1
+        return out
+
+    def _reconcile(self, prompt: List[int]) -> Tuple[int, str]:
+        """Brings the session to the longest valid prefix of ``prompt``: (kept, how)."""
+        kept = self.session.tokens
+        if not kept:
+            self._snaps.clear()
+            return 0, "new"
+        if len(kept) < len(prompt) and prompt[: len(kept)] == kept:
+            return len(kept), "append"
+        for i in range(len(self._snaps) - 1, -1, -1):
+            toks, snap = self._snaps[i]
+            if len(toks) < len(prompt) and prompt[: len(toks)] == toks:
+                self.session.rollback(snap)
+                del self._snaps[i + 1 :]  # later snapshots are no longer in the history
+                return len(toks), "rollback"
+        self.session.reset()
+        self._snaps.clear()
+        return 0, "reset"
+
+    def _feed(self, ids: List[int], progress: Optional[ProgressCallback]) -> None:
+        if not ids:
+            return
+        if progress is None:
+            self.session.feed(ids)
+            return
+        for at in range(0, len(ids), PREFILL_CHUNK):
+            self.session.feed(ids[at : at + PREFILL_CHUNK])
+            progress(min(at + PREFILL_CHUNK, len(ids)), len(ids))
+
+    # --- a turn ----------------------------------------------------------------------------
+
+    def respond(
+        self,
+        user_text: str,
+        sampling: Sampling,
+        on_text: Optional[TextCallback] = None,
+        on_progress: Optional[ProgressCallback] = None,
+    ) -> TurnResult:
+        """Adds a user turn and generates the answer (streamed through ``on_text``).
+
+        Ctrl-C during generation stops the answer and keeps it (``stop="interrupted"``); during
+        the prefill it cancels the turn (``stop="cancelled"``, nothing is added)."""
+        messages = self.messages + [{"role": "user", "content": user_text}]
+        prompt = self._canonical(self.encode(messages))
+        return self._run(prompt, sampling, on_text, on_progress, messages)
+
+    def complete_raw(
+        self,
+        prompt_ids: List[int],
+        sampling: Sampling,
+        on_text: Optional[TextCallback] = None,
+        on_progress: Optional[ProgressCallback] = None,
+    ) -> TurnResult:
+        """Continues raw token ids (no template, no conversation bookkeeping)."""
+        self.session.reset()
+        self._snaps.clear()
+        return self._run(list(prompt_ids), sampling, on_text, on_progress, None)
+
+    def _run(self, prompt, sampling, on_text, on_progress, messages) -> TurnResult:
+        tok = self.tok
+        t0 = time.perf_counter()
+        before = dict(self.model.stats())
+        kept, how = self._reconcile(prompt) if messages is not None else (0, "raw")
+        if how in self.reuse_counts:
+            self.reuse_counts[how] += 1
+        # split: feed through the last <｜Assistant｜> (snapshot there), then generate
+        # starting with the rest (<think> or </think>)
+        cut = len(prompt) - 1
+        if messages is not None:
+            while cut > kept and prompt[cut - 1] != tok.assistant_id:
+                cut -= 1
+        cut = max(cut, kept)
+        start = self.session.snapshot() if kept else None
+        try:
+            self._feed(prompt[kept:cut], on_progress)
+            if messages is not None and cut > 0 and prompt[cut - 1] == tok.assistant_id:
+                self._snaps.append((prompt[:cut], self.session.snapshot()))
+                del self._snaps[:-SNAPSHOTS_KEPT]
+        except BaseException as e:  # Ctrl-C or an error (context full): undo the turn
+            if start is not None:
+                self.session.rollback(start)
+            else:
+                self.session.reset()
+            self._snaps = [x for x in self._snaps if len(x[0]) <= kept]
+            if isinstance(e, KeyboardInterrupt):
+                return TurnResult(prompt, [], "", "", "", "cancelled", {"stop": "cancelled"})
+            raise
+        t_prefill = time.perf_counter()
+
+        thinking = self.thinking and messages is not None and prompt[-1] == tok.think_id
+        phase = "reasoning" if thinking else "content"
+        dec = tok.stream_decoder()
+        ids: List[int] = []
+        parts: Dict[str, List[str]] = {"reasoning": [], "content": []}
+        t_first = t_last = None
+        stop, error = "length", None
+
+        def emit(kind: str, text: str) -> None:
+            if text:
+                parts[kind].append(text)
+                if on_text is not None:
+                    on_text(kind, text)
+
+        def take(t: int) -> bool:
+            """Records a generated id and shows its text; True at EOS."""
+            nonlocal phase
+            ids.append(t)
+            if t == tok.eos_id:
+                return True
+            if phase == "reasoning" and t == tok.end_think_id:
+                emit("reasoning", dec.flush())
+                phase = "content"
+            else:
+                emit(phase, dec.push(t))
+            return False
+
+        try:
+            stream = self.session.stream(
+                prompt[cut:],
+                max_new_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                seed=sampling.seed,
+                stop_ids=[tok.eos_id],
+            )
+            for t in stream:
+                t_last = time.perf_counter()
+                if t_first is None:
+                    t_first = t_last
+                if take(t):
+                    stop = "eos"
+                    break
+        except KeyboardInterrupt:
+            stop = "interrupted"
+        except (ValueError, RuntimeError) as e:  # e.g. the context is full: keep what we have
+            stop, error = "error", str(e)
+        if stop in ("interrupted", "error"):
+            # the session is the truth: a token sampled just as Ctrl-C arrived may not have
+            # reached the loop above
+            for t in self.session.tokens[len(prompt) + len(ids) :]:
+                take(t)
+        emit(phase, dec.flush())
+
+        # the answer as the model wrote it: content ids (no EOS) for later turns
+        body = ids[:-1] if stop == "eos" else list(ids)
+        if thinking:
+            if tok.end_think_id in body:
+                j = body.index(tok.end_think_id)
+                content_ids = body[j + 1 :]
+            else:
+                content_ids = []
+        else:
+            content_ids = body
+        reasoning, content = "".join(parts["reasoning"]), "".join(parts["content"])
+        if messages is not None:
+            self.messages = messages + [
+                {
+                    "role": "assistant",
+                    "content": tok.decode(content_ids),
+                    "reasoning_content": reasoning,
+                }
+            ]
+            self._answers.append(content_ids)
+
+        after = dict(self.model.stats())
+        req = after.get("expert_requests", 0) - before.get("expert_requests", 0)
+        hits = after.get("expert_hits", 0) - before.get("expert_hits", 0)
+        n = len(ids)
+        decode_s = (t_last - t_first) if (t_first is not None and n > 1) else None
+        stats = {
+            "turn": len(self.turns) + 1,
+            "mode": self.mode if messages is not None else "raw",
+            "prompt_tokens": len(prompt),
+            "reused_tokens": kept,
+            "prefill_tokens": len(prompt) - kept,
+            "reuse": how,
+            "generated_tokens": n,
+            "stop": stop,
+            "prefill_s": round(t_prefill - t0, 4),
+            "ttft_s": None if t_first is None else round(t_first - t0, 4),
+            "decode_tok_s": None if not decode_s else round((n - 1) / decode_s, 2),
+            "expert_requests": req,
+            "expert_hits": hits,
+            "expert_hit_rate": (hits / req) if req else None,
+            "expert_bytes_read": after.get("expert_bytes_read", 0)
+            - before.get("expert_bytes_read", 0),
+            "session_tokens": len(prompt) + n,
+        }
+        if error:
+            stats["error"] = error
+        self.turns.append(stats)
+        text = tok.decode(ids)
+        return TurnResult(prompt, ids, text, reasoning, content, stop, stats)
+
+
+# ------------------------------------------------------------------------------------------
+# The terminal front end
+# ------------------------------------------------------------------------------------------
+
+
+class PrefillBar:
+    """A transient progress bar on a terminal for prompts of 512+ tokens (else silent)."""
+
+    def __init__(self, console: Any, min_tokens: int = 2 * PREFILL_CHUNK):
+        self.console = console
+        self.min_tokens = min_tokens
+        self._progress: Any = None
+        self._task: Any = None
+        self.callback: Optional[ProgressCallback] = self._update if console.is_terminal else None
+
+    def _update(self, done: int, total: int) -> None:
+        if total < self.min_tokens:
+            return
+        if self._progress is None:
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+            self._progress = Progress(
+                TextColumn("prefill"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TextColumn("{task.completed}/{task.total} tokens"),
+                console=self.console,
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("prefill", total=total)
+        self._progress.update(self._task, completed=done)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+HELP = """commands:
+  /think on|off    thinking mode (reasoning shown dimmed before the answer)
+  /system TEXT     set the system prompt (/system alone clears it)
+  /reset           start a new conversation
+  /stats           per-turn and engine statistics
+  /exit            quit (also /quit, Ctrl-D)
+Ctrl-C stops the current answer and keeps the conversation."""
+
+
+class ChatApp:
+    """Reads lines (terminal or piped stdin), runs commands and turns, renders with rich."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        sampling: Sampling,
+        *,
+        thinking: bool = False,
+        system: Optional[str] = None,
+        reasoning_effort: Optional[str] = None,
+        demo: bool = False,
+        stdin: Any = None,
+        console: Any = None,
+    ):
+        from rich.console import Console
+
+        self.conv = Conversation(
+            model, tokenizer, thinking=thinking, system=system, reasoning_effort=reasoning_effort
+        )
+        self.sampling = sampling
+        self.demo = demo
+        self.stdin = stdin if stdin is not None else sys.stdin
+        self.out = console or Console(highlight=False, emoji=False, soft_wrap=True)
+        self.err = Console(stderr=True, highlight=False, emoji=False)
+        self.interactive = bool(getattr(self.stdin, "isatty", lambda: False)())
+        if self.interactive:
+            try:  # line editing and history for input() where available
+                import readline  # noqa: F401
+            except ImportError:
+                pass
+
+    # --- input ---------------------------------------------------------------------------
+
+    def _read(self) -> Optional[str]:
+        if self.interactive:
+            try:
+                return self.out.input("[bold green]you ›[/] ")
+            except EOFError:
+                return None
+        line = self.stdin.readline()
+        if not line:
+            return None
+        line = line.rstrip("\r\n")
+        self.out.print(f"you › {line}", markup=False)
+        return line
+
+    # --- loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        mode = "thinking" if self.conv.thinking else "chat"
+        title = "v4flash chat" + (
+            " · tiny random-weight DEMO model (not DeepSeek)" if self.demo else ""
+        )
+        self.out.print(f"[bold]{title}[/] · {mode} mode · /help for commands", highlight=False)
+        interrupts = 0
+        while True:
+            try:
+                line = self._read()
+            except KeyboardInterrupt:
+                self.out.print()
+                interrupts += 1
+                if interrupts > 1 or not self.interactive:
+                    break
+                self._note("Ctrl-C again, /exit or Ctrl-D to quit")
+                continue
+            interrupts = 0
+            if line is None:
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                if self.command(text) == "exit":
+                    break
+                continue
+            self.turn(line)
+        return 0
+
+    def command(self, text: str) -> Optional[str]:
+        cmd, _, arg = text.partition(" ")
+        arg = arg.strip()
+        cmd = cmd.lower()
+        if cmd in ("/exit", "/quit", "/bye"):
+            return "exit"
+        if cmd == "/think":
+            if arg.lower() in ("on", "1", "true", "yes"):
+                self.conv.set_thinking(True)
+            elif arg.lower() in ("off", "0", "false", "no"):
+                self.conv.set_thinking(False)
+            elif arg:
+                self._note("usage: /think on|off")
+                return None
+            self._note(f"thinking mode {'on' if self.conv.thinking else 'off'}")
+        elif cmd == "/system":
+            self.conv.set_system(arg)
+            self._note(f"system prompt set: {arg}" if arg else "system prompt cleared")
+        elif cmd == "/reset":
+            self.conv.reset()
+            self._note("conversation reset")
+        elif cmd == "/stats":
+            self.print_stats()
+        elif cmd in ("/help", "/?"):
+            self.out.print(HELP, markup=False)
+        else:
+            self._note(f"unknown command {cmd}; /help lists them")
+        return None
+
+    def _note(self, msg: str) -> None:
+        self.out.print(f"· {msg}", style="dim", markup=False)
+
+    def turn(self, user_text: str) -> None:
+        from rich.text import Text
+
+        out = self.out
+        state = {"kind": None}
+
+        def on_text(kind: str, text: str) -> None:
+            if state["kind"] is None:
+                out.print("assistant › ", style="bold cyan", end="")
+                if kind == "reasoning":
+                    out.print("[thinking] ", style="dim italic", end="", markup=False)
+            elif kind != state["kind"]:
+                out.print()
+                out.print("[answer] ", style="dim italic", end="", markup=False)
+            state["kind"] = kind
+            out.print(Text(text, style="dim" if kind == "reasoning" else ""), end="")
+
+        bar = PrefillBar(self.err)
+        try:
+            result = self.conv.respond(user_text, self.sampling, on_text, bar.callback)
+        except (ValueError, RuntimeError) as e:
+            out.print(f"error: {e}", style="red", markup=False)
+            return
+        finally:
+            bar.stop()
+        if state["kind"] is None:
+            out.print("assistant › ", style="bold cyan", end="")
+        out.print()
+        if result.stop == "cancelled":
+            self._note("cancelled during the prompt; the turn was dropped")
+            return
+        if result.stop == "interrupted":
+            self._note("stopped; the partial answer stays in the conversation")
+        if result.stats.get("error"):
+            out.print(f"error: {result.stats['error']}", style="red", markup=False)
+        out.print(f"[{status_line(result.stats)}]", style="dim", markup=False)
+
+    # --- stats ---------------------------------------------------------------------------
+
+    def stats_doc(self) -> Dict[str, Any]:
+        return {
+            "turns": self.conv.turns,
+            "reuse": dict(self.conv.reuse_counts),
+            "engine": {k: v for k, v in self.conv.model.stats().items()},
+            "sampling": asdict(self.sampling),
+            "session_tokens": self.conv.session.position,
+        }
+
+    def print_stats(self) -> None:
+        from rich import box
+        from rich.table import Table
+
+        t = Table(title="turns", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in (
+            "#",
+            "mode",
+            "prompt",
+            "reused",
+            "prefill",
+            "how",
+            "gen",
+            "tok/s",
+            "TTFT",
+            "hit",
+        ):
+            t.add_column(
+                col,
+                justify="left" if col in ("mode", "how") else "right",
+                no_wrap=True,
+                min_width={"mode": 8, "how": 8, "hit": 4, "tok/s": 5}.get(col, len(col)),
+            )
+        for s in self.conv.turns:
+            hit = s.get("expert_hit_rate")
+            t.add_row(
+                str(s["turn"]),
+                s["mode"],
+                str(s["prompt_tokens"]),
+                str(s["reused_tokens"]),
+                str(s["prefill_tokens"]),
+                s["reuse"],
+                str(s["generated_tokens"]),
+                "-" if s["decode_tok_s"] is None else f"{s['decode_tok_s']:.1f}",
+                "-" if s["ttft_s"] is None else f"{s['ttft_s']:.2f}s",
+                "-" if hit is None else f"{hit:.0%}",
+            )
+        self.out.print(t)
+        e = self.conv.model.stats()
+        hit = e.get("expert_hit_rate")
+        self.out.print(
+            f"engine: prefill {e['prefill_tokens']} tok in {e['prefill_s']:.2f} s · decode "
+            f"{e['decode_tokens']} tok in {e['decode_s']:.2f} s · experts "
+            f"{e['expert_requests']} requests, "
+            f"{'-' if hit is None else format(hit, '.1%')} hit, "
+            f"{e['expert_bytes_read'] / (1 << 20):.1f} MB read · kernels {e['kernel_tier']} · "
+            f"{e['threads']} threads",
+            markup=False,
+        )
+        self.out.print(
+            "stats-json: "
+            + json.dumps(
+                {
+                    "prefill_tokens": [s["prefill_tokens"] for s in self.conv.turns],
+                    "reuse": [s["reuse"] for s in self.conv.turns],
+                }
+            ),
+            markup=False,
+            style="dim",
+        )

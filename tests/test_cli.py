@@ -1,0 +1,366 @@
+"""The command line: run / info / doctor on the fixtures and on broken copies, chat driven
+through piped stdin (session reuse between turns), and the bundled demo."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import v4flash
+from conftest import FIXTURES, model_for
+from v4flash.chat import Conversation, Sampling
+from v4flash.cli import expected_tensors, inspect_checkpoint
+from v4flash.cli import main as cli_main
+from v4flash.encoding import encode_prompt_ids
+from v4flash.tokenizer import load_tokenizer
+
+GREEDY = ["--temperature", "0"]
+
+
+def cli(*args, input=None, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "v4flash", *map(str, args)],
+        input=input,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=timeout,
+    )
+
+
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def main_(capsys, *args):
+    """In-process ``v4flash ARGS`` (faster than a subprocess; same code path)."""
+    code = cli_main([str(a) for a in args])
+    out = capsys.readouterr()
+    return Result(code, out.out, out.err)
+
+
+def assert_clean_error(p, *fragments):
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr, p.stderr
+    assert "v4flash: error:" in p.stderr
+    for f in fragments:
+        assert f in p.stderr, p.stderr
+
+
+# --- version, help ----------------------------------------------------------------------------
+
+
+def test_version():
+    p = cli("--version")
+    assert p.returncode == 0
+    assert p.stdout.strip() == f"v4flash {v4flash.__version__}"
+
+
+def test_help_lists_commands():
+    p = cli("--help")
+    for cmd in ("chat", "run", "info", "doctor"):
+        assert cmd in p.stdout
+
+
+# --- run ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tiny-a", "tiny-b"])
+def test_run_json_matches_the_api(capsys, name):
+    p = main_(
+        capsys, "run", "--model", FIXTURES / name, *GREEDY, "--max-tokens", 6, "--json", "Hello"
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    tok = load_tokenizer(FIXTURES / name)
+    prompt = encode_prompt_ids(tok, [{"role": "user", "content": "Hello"}])
+    assert doc["prompt_ids"] == prompt
+    want = model_for(name).generate(prompt, max_new_tokens=6, temperature=0.0)
+    assert doc["ids"] == want
+    assert doc["text"] == tok.decode(want)
+    assert doc["stats"]["prefill_tokens"] == len(prompt)
+    assert doc["demo"] is False
+
+
+def test_run_streams_the_answer_to_stdout():
+    args = ("run", "--model", FIXTURES / "tiny-a", *GREEDY, "--max-tokens", 8, "Hi there")
+    p = cli(*args)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(cli(*args, "--json").stdout)
+    assert p.stdout == j["content"] + "\n"
+    assert "plan:" in p.stderr and "tok/s" in p.stderr  # plan and status go to stderr
+
+
+def test_run_raw_and_stdin_prompt():
+    p = cli(
+        "run",
+        "--model",
+        FIXTURES / "tiny-b",
+        "--raw",
+        *GREEDY,
+        "--max-tokens",
+        4,
+        "--json",
+        input="abc",
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    tok = load_tokenizer(FIXTURES / "tiny-b")
+    assert doc["prompt_ids"] == tok.encode("abc")
+    assert doc["ids"] == model_for("tiny-b").generate(tok.encode("abc"), max_new_tokens=4)
+
+
+def test_run_without_model_uses_the_demo(capsys):
+    p = main_(capsys, "run", *GREEDY, "--max-tokens", 3, "Hello")
+    assert p.returncode == 0, p.stderr
+    assert "tiny random-weight" in p.stderr and "NOT DeepSeek" in p.stderr
+
+
+def test_run_errors_are_one_line(capsys):
+    assert_clean_error(main_(capsys, "run", "--model", FIXTURES / "nope", "Hi"), "nope")
+    p = cli("run", "--temperature", "-1", "Hi")
+    assert p.returncode == 2 and "temperature" in p.stderr and "Traceback" not in p.stderr
+
+
+# --- info / doctor ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tiny-a", "tiny-b"])
+def test_expected_tensor_table_matches_the_fixtures(name):
+    ins = inspect_checkpoint(FIXTURES / name, tokenizer=False)
+    assert ins.ok, ins.problems
+    have = {n for n in ins.tensors if not n.startswith("mtp.")}
+    assert set(expected_tensors(ins.config)) == have
+
+
+@pytest.mark.parametrize("name", ["tiny-a", "tiny-b"])
+def test_info_and_doctor_pass_on_the_fixtures(capsys, name):
+    p = main_(capsys, "info", "--model", FIXTURES / name, "--ram", 2, "--ctx", 4096)
+    assert p.returncode == 0, p.stderr
+    assert "checkpoint ok" in p.stdout and "expert cache" in p.stdout
+    p = main_(capsys, "doctor", "--model", FIXTURES / name)
+    assert p.returncode == 0, p.stderr
+    assert "FAIL" not in p.stdout and "all checks passed" in p.stdout
+
+
+def test_info_without_model_describes_the_demo(capsys):
+    p = main_(capsys, "info")
+    assert p.returncode == 0, p.stderr
+    assert "tiny random-weight" in p.stderr and "NOT DeepSeek" in p.stderr
+    assert "DEMO" in p.stdout and "checkpoint ok" in p.stdout
+
+
+def _broken(tmp_path, how):
+    d = tmp_path / how
+    shutil.copytree(FIXTURES / "tiny-a", d)
+    index = d / "model.safetensors.index.json"
+    if how == "truncated":
+        shard = d / "model-00002-of-00002.safetensors"
+        shard.write_bytes(shard.read_bytes()[:-1000])
+        return d, ["truncated", "model-00002-of-00002.safetensors"]
+    if how == "unindexed":
+        doc = json.loads(index.read_text())
+        del doc["weight_map"]["layers.1.attn.wkv.weight"]
+        index.write_text(json.dumps(doc))
+        return d, ["layers.1.attn.wkv.weight", "not in the index"]
+    if how == "missing-shard":
+        (d / "model-00001-of-00002.safetensors").unlink()
+        return d, ["model-00001-of-00002.safetensors", "missing"]
+    if how == "wrong-shape":
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["moe_intermediate_size"] = 64
+        (d / "config.json").write_text(json.dumps(cfg))
+        return d, ["wrong dtype/shape", "expected"]
+    if how == "bad-config":
+        (d / "config.json").write_text("{not json")
+        return d, ["config.json", "not valid JSON"]
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize(
+    "how", ["truncated", "unindexed", "missing-shard", "wrong-shape", "bad-config"]
+)
+def test_doctor_and_info_reject_broken_checkpoints(capsys, tmp_path, how):
+    d, fragments = _broken(tmp_path, how)
+    p = main_(capsys, "doctor", "--model", d)
+    assert_clean_error(p, *fragments)
+    assert "FAIL" in p.stdout
+    assert_clean_error(main_(capsys, "info", "--model", d), *fragments)
+    if how == "truncated":  # and the subprocess: exit code, one line on stderr
+        assert_clean_error(cli("doctor", "--model", d), *fragments)
+
+
+def test_run_rejects_a_broken_checkpoint(capsys, tmp_path):
+    d, _ = _broken(tmp_path, "missing-shard")
+    assert_clean_error(main_(capsys, "run", "--model", d, "Hi"), "model-00001-of-00002")
+
+
+# --- chat through piped stdin --------------------------------------------------------------------
+
+
+def _chat(tmp_path, lines, *extra, model="tiny-a"):
+    stats = tmp_path / "stats.json"
+    p = cli(
+        "chat",
+        "--model",
+        FIXTURES / model,
+        *GREEDY,
+        "--max-tokens",
+        6,
+        "--stats-json",
+        stats,
+        *extra,
+        input="\n".join(lines) + "\n",
+    )
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    return p, json.loads(stats.read_text())
+
+
+QUESTIONS = ["Hello there", "What is 2+2?", "Thanks!"]
+
+
+def test_chat_three_turns_prefill_only_the_new_turn(tmp_path):
+    p, doc = _chat(tmp_path, QUESTIONS + ["/stats"])
+    turns = doc["turns"]
+    assert [t["reuse"] for t in turns] == ["new", "append", "append"]
+    tok = load_tokenizer(FIXTURES / "tiny-a")
+    for prev, t, q in zip(turns, turns[1:], QUESTIONS[1:]):
+        # exactly: the EOS closing the previous answer (unless it ended with one) + the new turn
+        new_turn = tok.encode(f"<｜User｜>{q}<｜Assistant｜></think>")
+        eos = 0 if prev["stop"] == "eos" else 1
+        assert t["prefill_tokens"] == len(new_turn) + eos
+        assert t["reused_tokens"] == prev["session_tokens"]
+        assert t["prompt_tokens"] == t["reused_tokens"] + t["prefill_tokens"]
+    assert doc["reuse"]["reset"] == 0
+    assert "you › What is 2+2?" in p.stdout and "assistant ›" in p.stdout
+    assert '"prefill_tokens": [' in p.stdout  # /stats prints the per-turn figures
+    assert "tok/s" in p.stdout
+
+
+def test_chat_thinking_mode_rolls_back_to_the_assistant_snapshot(tmp_path):
+    _, doc = _chat(tmp_path, QUESTIONS, "--thinking")
+    turns = doc["turns"]
+    assert [t["reuse"] for t in turns] == ["new", "rollback", "rollback"]
+    for prev, t in zip(turns, turns[1:]):
+        # the previous prompt ended "<｜Assistant｜><think>": the snapshot is before <think>
+        assert t["reused_tokens"] == prev["prompt_tokens"] - 1
+        assert t["prefill_tokens"] == t["prompt_tokens"] - t["reused_tokens"]
+
+
+def test_chat_commands(tmp_path):
+    lines = [
+        "Hi",
+        "/think on",
+        "Why?",
+        "/think off",
+        "And?",
+        "/system Be brief.",
+        "Ok",
+        "/reset",
+        "Again",
+        "/nonsense",
+        "/exit",
+        "never sent",
+    ]
+    p, doc = _chat(tmp_path, lines)
+    assert [t["reuse"] for t in doc["turns"]] == ["new", "append", "rollback", "reset", "new"]
+    assert [t["mode"] for t in doc["turns"]] == ["chat", "thinking", "chat", "chat", "chat"]
+    assert "thinking mode on" in p.stdout and "system prompt set" in p.stdout
+    assert "unknown command" in p.stdout
+    assert "never sent" not in p.stdout
+
+
+def test_chat_without_model_says_it_is_the_demo():
+    p = cli("chat", *GREEDY, "--max-tokens", 2, input="Hi\n")
+    assert p.returncode == 0, p.stderr
+    assert "NOT DeepSeek" in p.stderr and "DEMO" in p.stdout
+
+
+# --- the conversation state machine in-process ---------------------------------------------------
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_session_reuse_gives_the_same_tokens_as_a_fresh_prefill(thinking):
+    m = model_for("tiny-a")
+    tok = load_tokenizer(FIXTURES / "tiny-a")
+    conv = Conversation(m, tok, thinking=thinking, system="Be brief.")
+    s = Sampling(temperature=0.0, max_tokens=5)
+    for q in QUESTIONS:
+        r = conv.respond(q, s)
+        fresh = m.session().generate(r.prompt_ids, max_new_tokens=5, temperature=0.0)
+        assert r.ids == fresh
+        assert conv.session.tokens == r.prompt_ids + r.ids
+
+
+def test_ctrl_c_keeps_the_partial_answer_and_the_conversation():
+    m = model_for("tiny-a")
+    tok = load_tokenizer(FIXTURES / "tiny-a")
+    conv = Conversation(m, tok)
+    seen = []
+
+    def on_text(kind, text):
+        seen.append(text)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    r = conv.respond("Hello", Sampling(temperature=0.0, max_tokens=20), on_text=on_text)
+    assert r.stop == "interrupted" and 0 < len(r.ids) < 20
+    assert conv.messages[-1]["role"] == "assistant"
+    r2 = conv.respond("Go on", Sampling(temperature=0.0, max_tokens=3))
+    assert r2.stats["reuse"] == "append" and r2.stop != "interrupted"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs SIGINT")
+def test_sigint_stops_the_answer_and_the_chat_goes_on():
+    import signal
+    import threading
+    import time
+
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "v4flash",
+            "chat",
+            "--model",
+            str(FIXTURES / "tiny-a"),
+            "--max-tokens",
+            "100000",
+            "--seed",
+            "1",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+    )
+    out = []
+    # the answer streams without newlines: read characters, not lines
+    reader = threading.Thread(target=lambda: out.extend(iter(lambda: p.stdout.read(1), "")))
+    reader.start()
+    try:
+        p.stdin.write("Hello\n")
+        p.stdin.flush()
+        deadline = time.time() + 60
+        while "assistant ›" not in "".join(out) and time.time() < deadline:
+            time.sleep(0.05)
+        # a signal landing between two steps can be absorbed by the engine (see report)
+        while "stopped" not in "".join(out) and time.time() < deadline:
+            p.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+        p.stdin.write("/stats\n/exit\n")
+        p.stdin.flush()
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        reader.join()
+    text = "".join(out)
+    assert p.returncode == 0, p.stderr.read()
+    assert "stopped; the partial answer stays" in text and "interrupted" in text
+    assert '"prefill_tokens": [' in text
