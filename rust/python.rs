@@ -313,11 +313,15 @@ impl PyModel {
         d.set_item("decode_tokens", ld(&m.counters.decode_tokens))?;
         d.set_item("prefill_s", ld(&m.counters.prefill_ns) as f64 * 1e-9)?;
         d.set_item("decode_s", ld(&m.counters.decode_ns) as f64 * 1e-9)?;
+        d.set_item("attn_s", ld(&m.counters.attn_ns) as f64 * 1e-9)?;
+        d.set_item("moe_s", ld(&m.counters.moe_ns) as f64 * 1e-9)?;
+        d.set_item("head_s", ld(&m.counters.head_ns) as f64 * 1e-9)?;
         let e = m.experts.counters();
         d.set_item("expert_requests", ld(&e.requests))?;
         d.set_item("expert_hits", ld(&e.hits))?;
         d.set_item("expert_misses", ld(&e.misses))?;
         d.set_item("expert_prefetches", ld(&e.prefetches))?;
+        d.set_item("expert_prefetch_used", ld(&e.prefetch_used))?;
         d.set_item("expert_bytes_read", ld(&e.bytes_read))?;
         d.set_item("expert_read_s", ld(&e.read_ns) as f64 * 1e-9)?;
         d.set_item("expert_wait_s", ld(&e.wait_ns) as f64 * 1e-9)?;

@@ -46,6 +46,11 @@ pub struct Counters {
     pub decode_tokens: AtomicU64,
     pub prefill_ns: AtomicU64,
     pub decode_ns: AtomicU64,
+    /// Time in attention (incl. compressors and indexer), MoE (incl. waits for expert
+    /// reads) and the final head, over all calls.
+    pub attn_ns: AtomicU64,
+    pub moe_ns: AtomicU64,
+    pub head_ns: AtomicU64,
 }
 
 /// Context length when none is given: the memory plan reserves session state for it.
@@ -315,7 +320,11 @@ impl Model {
                 dst.copy_from_slice(&m.collapsed);
                 ops::rms_norm(dst, &layer.attn_norm, c.rms_norm_eps);
             }
+            let t0 = Instant::now();
             let a = layer.attn.forward(&cx, &mut st.layers[l], &xin, n, pos0);
+            self.counters
+                .attn_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             for (t, m) in mixes.iter().enumerate() {
                 hc::write_back(
                     &mut x[t * hcm * h..(t + 1) * hcm * h],
@@ -341,7 +350,11 @@ impl Model {
                 dst.copy_from_slice(&m.collapsed);
                 ops::rms_norm(dst, &layer.ffn_norm, c.rms_norm_eps);
             }
+            let t0 = Instant::now();
             let f = layer.moe.forward(c, l, &self.experts, &xin, ids, n)?;
+            self.counters
+                .moe_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             for (t, m) in mixes.iter().enumerate() {
                 hc::write_back(
                     &mut x[t * hcm * h..(t + 1) * hcm * h],
@@ -371,7 +384,12 @@ impl Model {
             ops::rms_norm(&mut v, &self.norm, c.rms_norm_eps);
             hs[i * h..(i + 1) * h].copy_from_slice(&v);
         }
-        Ok(self.head.forward(&hs, rows.len()))
+        let t0 = Instant::now();
+        let logits = self.head.forward(&hs, rows.len());
+        self.counters
+            .head_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(logits)
     }
 }
 

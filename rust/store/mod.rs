@@ -118,6 +118,9 @@ struct Slot {
     state: SlotState,
     pins: u32,
     usage: Usage,
+    /// Loaded by a prefetch and not requested since: its first request counts as a miss
+    /// whose read was issued early, not as a hit.
+    prefetched: bool,
 }
 
 struct Inner {
@@ -132,7 +135,10 @@ pub struct StoreCounters {
     pub requests: AtomicU64,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    /// Experts read ahead of their request (hash layers).
     pub prefetches: AtomicU64,
+    /// Requests served by a prefetched read (counted as misses too).
+    pub prefetch_used: AtomicU64,
     pub bytes_read: AtomicU64,
     /// time the I/O threads spent reading
     pub read_ns: AtomicU64,
@@ -332,6 +338,7 @@ impl ExpertStore {
                 state: SlotState::Empty,
                 pins: 0,
                 usage: Usage::default(),
+                prefetched: false,
             })
             .collect();
         let sh = Arc::new(Shared {
@@ -478,7 +485,12 @@ impl ExpertStore {
             let (tick, token) = (g.tick, g.token);
             let slot = match g.map.get(&key) {
                 Some(&s) => {
-                    c.hits.fetch_add(1, Ordering::Relaxed);
+                    if std::mem::take(&mut g.slots[s].prefetched) {
+                        c.misses.fetch_add(1, Ordering::Relaxed);
+                        c.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        c.hits.fetch_add(1, Ordering::Relaxed);
+                    }
                     s
                 }
                 None => {
@@ -490,6 +502,7 @@ impl ExpertStore {
                     g.slots[s].key = Some(key);
                     g.slots[s].state = SlotState::Loading;
                     g.slots[s].usage = Usage::default();
+                    g.slots[s].prefetched = false;
                     jobs.push(Job { slot: s, key });
                     s
                 }
@@ -533,6 +546,7 @@ impl ExpertStore {
             sl.key = Some(key);
             sl.state = SlotState::Loading;
             sl.usage = Usage::default();
+            sl.prefetched = true;
             self.policy.touch(&mut sl.usage, token, tick);
             self.sh.counters.prefetches.fetch_add(1, Ordering::Relaxed);
             jobs.push(Job { slot: s, key });
