@@ -1,0 +1,474 @@
+"""Checkpoint inspection for ``info`` / ``doctor`` (headers and the index only: no tensor
+data is read) and the memory-plan summary shown before loading."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import kernel_tier
+
+GB = 10**9  # --ram is in GB (10^9 bytes), as the engine's planner reads it
+MIB = 1 << 20  # --expert-cache-mb is in MiB
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint inspection (no tensor data is read: headers and the index only)
+# --------------------------------------------------------------------------------------------
+
+_DTYPE_SIZE = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+_FLOATS = ("F32", "BF16", "F16")
+_MAX_HEADER = 100 << 20
+
+
+@dataclass
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: List[int]
+    nbytes: int
+    shard: str
+
+
+@dataclass
+class Inspection:
+    """What ``info`` and ``doctor`` found; ``problems`` empty means the checkpoint is usable."""
+
+    path: Path
+    checks: List[Tuple[str, str, str]] = field(default_factory=list)  # (status, what, detail)
+    config: Any = None
+    tensors: Dict[str, TensorEntry] = field(default_factory=dict)
+    shard_sizes: Dict[str, int] = field(default_factory=dict)
+    tokenizer: Any = None
+
+    def add(self, status: str, what: str, detail: str = "") -> None:
+        self.checks.append((status, what, detail))
+
+    @property
+    def problems(self) -> List[Tuple[str, str, str]]:
+        return [c for c in self.checks if c[0] == "fail"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def is_routed_expert(name: str) -> bool:
+    return name.startswith("layers.") and ".ffn.experts." in name
+
+
+def expected_tensors(cfg: Any) -> Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...]]]:
+    """Every tensor the engine reads, with its allowed dtypes and exact shape (``mtp.*`` is
+    not used). Mirrors the Rust loader (``rust/model/mod.rs`` ``load_layer``)."""
+    h, d, nh, hcm = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.hc_mult
+    inter, n_exp, vocab = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.vocab_size
+    out: Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...]]] = {}
+
+    def fp8(name: str, rows: int, cols: int) -> None:
+        out[f"{name}.weight"] = (("F8_E4M3",), (rows, cols))
+        out[f"{name}.scale"] = (("F8_E8M0",), (-(-rows // 128), -(-cols // 128)))
+
+    def dense(name: str, rows: int, cols: int) -> None:
+        out[f"{name}.weight"] = (_FLOATS, (rows, cols))
+
+    def floats(name: str, *shape: int) -> None:
+        out[name] = (_FLOATS, tuple(shape))
+
+    def comp(pre: str, ratio: int, dim: int, overlap: bool) -> None:
+        w = 2 * dim if overlap else dim
+        floats(f"{pre}.ape", ratio, w)
+        floats(f"{pre}.norm.weight", dim)
+        dense(f"{pre}.wkv", w, h)
+        dense(f"{pre}.wgate", w, h)
+
+    dense("embed", vocab, h)
+    dense("head", vocab, h)
+    floats("norm.weight", h)
+    floats("hc_head_fn", hcm, hcm * h)
+    floats("hc_head_base", hcm)
+    floats("hc_head_scale", 1)
+    mix = (2 + hcm) * hcm
+    for layer in range(cfg.num_hidden_layers):
+        p = f"layers.{layer}"
+        for which in ("attn", "ffn"):
+            floats(f"{p}.hc_{which}_fn", mix, hcm * h)
+            floats(f"{p}.hc_{which}_base", mix)
+            floats(f"{p}.hc_{which}_scale", 3)
+        a = f"{p}.attn"
+        ratio = cfg.compress_ratios[layer]
+        if ratio == 4:
+            comp(f"{a}.compressor", ratio, d, True)
+            comp(f"{a}.indexer.compressor", ratio, cfg.index_head_dim, True)
+            fp8(f"{a}.indexer.wq_b", cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank)
+            dense(f"{a}.indexer.weights_proj", cfg.index_n_heads, h)
+        elif ratio:
+            comp(f"{a}.compressor", ratio, d, False)
+        fp8(f"{a}.wq_a", cfg.q_lora_rank, h)
+        floats(f"{a}.q_norm.weight", cfg.q_lora_rank)
+        fp8(f"{a}.wq_b", nh * d, cfg.q_lora_rank)
+        fp8(f"{a}.wkv", d, h)
+        floats(f"{a}.kv_norm.weight", d)
+        fp8(f"{a}.wo_a", cfg.o_groups * cfg.o_lora_rank, nh * d // cfg.o_groups)
+        fp8(f"{a}.wo_b", h, cfg.o_groups * cfg.o_lora_rank)
+        floats(f"{a}.attn_sink", nh)
+        f = f"{p}.ffn"
+        dense(f"{f}.gate", n_exp, h)
+        if layer < cfg.num_hash_layers:
+            out[f"{f}.gate.tid2eid"] = (("I64", "I32"), (vocab, cfg.num_experts_per_tok))
+        else:
+            floats(f"{f}.gate.bias", n_exp)
+        fp8(f"{f}.shared_experts.w1", inter, h)
+        fp8(f"{f}.shared_experts.w3", inter, h)
+        fp8(f"{f}.shared_experts.w2", h, inter)
+        floats(f"{p}.attn_norm.weight", h)
+        floats(f"{p}.ffn_norm.weight", h)
+        for e in range(n_exp):
+            x = f"{f}.experts.{e}"
+            for w in ("w1", "w3"):
+                out[f"{x}.{w}.weight"] = (("I8",), (inter, h // 2))
+                out[f"{x}.{w}.scale"] = (("F8_E8M0",), (inter, h // 32))
+            out[f"{x}.w2.weight"] = (("I8",), (h, inter // 2))
+            out[f"{x}.w2.scale"] = (("F8_E8M0",), (h, inter // 32))
+    return out
+
+
+def _read_header(path: Path, size: int) -> Tuple[Optional[Dict[str, Any]], int, str]:
+    """(header, header_len, error) of a safetensors file."""
+    if size < 8:
+        return None, 0, f"file is {size} bytes, too short for a safetensors header (truncated?)"
+    with open(path, "rb") as f:
+        (hl,) = struct.unpack("<Q", f.read(8))
+        if hl > _MAX_HEADER or 8 + hl > size:
+            return None, hl, f"header length {hl} does not fit in the file ({size} bytes)"
+        raw = f.read(hl)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, hl, f"header is not valid JSON ({e})"
+    if not isinstance(header, dict):
+        return None, hl, "header is not a JSON object"
+    return header, hl, ""
+
+
+def _list_problems(inspection: Inspection, what: str, items: List[str], limit: int = 8) -> None:
+    if not items:
+        return
+    more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
+    inspection.add("fail", what, "; ".join(items[:limit]) + more)
+
+
+def inspect_checkpoint(path: os.PathLike, tokenizer: bool = True) -> Inspection:
+    """Validates a checkpoint without reading any tensor data: config.json, the index, every
+    shard's header and size, and every tensor's presence, dtype and shape."""
+    from . import _core
+    from .config import load_config
+
+    root = Path(path)
+    ins = Inspection(root)
+    try:
+        ins.config = load_config(root)
+        ins.add("ok", "config.json", _config_line(ins.config))
+    except (OSError, ValueError, _core.V4FlashError) as e:
+        msg = str(e)
+        ins.add(
+            "fail",
+            "config.json",
+            msg[len("config.json: ") :] if msg.startswith("config.json: ") else msg,
+        )
+        return ins
+
+    # --- the index and the shards -----------------------------------------------------------
+    index_path = root / "model.safetensors.index.json"
+    weight_map: Optional[Dict[str, str]] = None
+    total_size = None
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_bytes())
+            weight_map = index["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise ValueError("weight_map is not an object")
+            total_size = (index.get("metadata") or {}).get("total_size")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            ins.add("fail", index_path.name, f"not a valid index: {e}")
+            return ins
+        shard_names = sorted(set(weight_map.values()))
+        ins.add("ok", index_path.name, f"{len(weight_map)} tensors in {len(shard_names)} shards")
+    elif (root / "model.safetensors").is_file():
+        shard_names = ["model.safetensors"]
+    else:
+        ins.add("fail", "index", f"neither {index_path.name} nor model.safetensors in {root}")
+        return ins
+
+    shard_problems: List[str] = []
+    for name in shard_names:
+        sp = root / name
+        if not sp.is_file():
+            shard_problems.append(f"{name}: missing (named in the index)")
+            continue
+        size = sp.stat().st_size
+        ins.shard_sizes[name] = size
+        header, hl, err = _read_header(sp, size)
+        if header is None:
+            shard_problems.append(f"{name}: {err}")
+            continue
+        end = 0
+        for tname, meta in header.items():
+            if tname == "__metadata__":
+                continue
+            try:
+                dtype, shape = meta["dtype"], [int(x) for x in meta["shape"]]
+                b, e = (int(x) for x in meta["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                shard_problems.append(f"{name}: tensor {tname} has a malformed header entry")
+                continue
+            numel = math.prod(shape)
+            if dtype in _DTYPE_SIZE and e - b != numel * _DTYPE_SIZE[dtype]:
+                shard_problems.append(
+                    f"{name}: tensor {tname} spans {e - b} bytes, expected {numel} x "
+                    f"{dtype} = {numel * _DTYPE_SIZE[dtype]}"
+                )
+            end = max(end, e)
+            if tname in ins.tensors:
+                shard_problems.append(f"{name}: tensor {tname} also in {ins.tensors[tname].shard}")
+            ins.tensors[tname] = TensorEntry(tname, dtype, shape, e - b, name)
+        want = 8 + hl + end
+        if size < want:
+            shard_problems.append(
+                f"{name}: file is {size:,} bytes but its header needs {want:,} "
+                f"(truncated: {want - size:,} bytes missing; re-download it)"
+            )
+        elif size > want:
+            ins.add("warn", name, f"{size - want:,} bytes after the last tensor")
+    _list_problems(ins, "shards", shard_problems)
+    if not shard_problems:
+        total = sum(ins.shard_sizes.values())
+        ins.add("ok", "shards", f"{len(shard_names)} files, {_gb(total)}, headers and sizes ok")
+
+    if weight_map is not None and not shard_problems:
+        bad = [
+            f"{t} mapped to {f} but stored in {ins.tensors[t].shard}"
+            if t in ins.tensors
+            else f"{t} mapped to {f} but no shard contains it"
+            for t, f in sorted(weight_map.items())
+            if t not in ins.tensors or ins.tensors[t].shard != f
+        ]
+        bad += [
+            f"{t} is in {e.shard} but not in the index"
+            for t, e in ins.tensors.items()
+            if t not in weight_map
+        ]
+        _list_problems(ins, "index vs shards", bad)
+        data = sum(e.nbytes for e in ins.tensors.values())
+        if isinstance(total_size, int) and total_size != data:
+            ins.add(
+                "warn",
+                "index total_size",
+                f"metadata says {total_size:,} bytes, the shards hold {data:,} bytes of tensors",
+            )
+        elif not bad:
+            ins.add("ok", "index vs shards", "every tensor where the index says")
+
+    # --- the tensor table the engine needs --------------------------------------------------
+    if ins.tensors:
+        want = expected_tensors(ins.config)
+        missing, wrong = [], []
+        for name, (dtypes, shape) in want.items():
+            t = ins.tensors.get(name)
+            if t is None:
+                missing.append(name)
+            elif t.dtype not in dtypes or tuple(t.shape) != shape:
+                wrong.append(
+                    f"{name}: {t.dtype}{list(t.shape)}, expected {' or '.join(dtypes)}{list(shape)}"
+                )
+        _list_problems(ins, "missing tensors", missing)
+        _list_problems(ins, "wrong dtype/shape", wrong)
+        extra = [n for n in ins.tensors if n not in want and not n.startswith("mtp.")]
+        if extra:
+            ins.add("warn", "unused tensors", f"{len(extra)} (e.g. {extra[0]})")
+        if not missing and not wrong:
+            n_exp = sum(1 for n in want if is_routed_expert(n)) // 6
+            ins.add(
+                "ok",
+                "tensors",
+                f"all {len(want)} present with the right dtype and shape ({n_exp} routed experts)",
+            )
+
+    # --- the engine's own structure check (authoritative) ------------------------------------
+    if ins.ok:
+        try:
+            _core.open_checkpoint(str(root))
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            ins.add("fail", "engine check", str(e))
+
+    if tokenizer:
+        try:
+            from .tokenizer import load_tokenizer
+
+            tok = load_tokenizer(root)
+            if tok.vocab_size > ins.config.vocab_size:
+                ins.add(
+                    "fail",
+                    "tokenizer.json",
+                    f"{tok.vocab_size} ids but config vocab_size is {ins.config.vocab_size}",
+                )
+            else:
+                ins.tokenizer = tok
+                ins.add("ok", "tokenizer.json", f"{tok.vocab_size} ids, chat special tokens found")
+        except (OSError, ValueError) as e:
+            ins.add("fail", "tokenizer.json", str(e))
+    return ins
+
+
+def _config_line(cfg: Any) -> str:
+    kinds = {"sliding_attention": 0, "compressed_sparse_attention": 0}
+    for t in cfg.layer_types:
+        kinds[t] = kinds.get(t, 0) + 1
+    return (
+        f"{cfg.num_hidden_layers} layers (sliding {kinds['sliding_attention']}, CSA "
+        f"{kinds['compressed_sparse_attention']}, HCA "
+        f"{kinds.get('heavily_compressed_attention', 0)}), hidden {cfg.hidden_size}, "
+        f"{cfg.n_routed_experts} experts (top {cfg.num_experts_per_tok}), vocab {cfg.vocab_size}"
+    )
+
+
+def _gb(n: float) -> str:
+    if n >= GB:
+        return f"{n / GB:.1f} GB"
+    if n >= 10**6:
+        return f"{n / 10**6:.1f} MB"
+    return f"{n / 1000:.0f} KB"
+
+
+# --------------------------------------------------------------------------------------------
+# Memory plan
+# --------------------------------------------------------------------------------------------
+
+_OVERHEAD = 400 * MIB  # Python, libraries, thread stacks, allocator slack (the Rust planner's)
+
+
+def plan_summary(
+    model_dir: os.PathLike,
+    ram_gb: Optional[float] = None,
+    *,
+    ctx: Optional[int] = None,
+    expert_cache_mb: Optional[float] = None,
+    inspection: Optional[Inspection] = None,
+) -> Dict[str, Any]:
+    """The memory plan for ``ram_gb``: resident dense weights, session state, overhead and the
+    expert cache that fits in the rest. Uses the engine's planner (``_core.plan``) when the
+    build has it, else an estimate from the tensor table. Raises ``ValueError`` when the
+    budget cannot hold the dense part."""
+    from . import _core, model
+
+    if getattr(_core, "plan", None) is not None and hasattr(model, "plan"):
+        d = model.plan(model_dir, ram_gb, ctx=ctx, expert_cache_mb=expert_cache_mb)
+        d["source"] = "engine"
+        return d
+    ram_bytes = None if ram_gb is None else int(ram_gb * GB)
+    cache_bytes = None if expert_cache_mb is None else int(expert_cache_mb * MIB)
+    ins = inspection if inspection is not None else inspect_checkpoint(model_dir, False)
+    if ins.config is None or not ins.tensors:
+        raise ValueError(
+            f"{model_dir}: cannot plan memory: "
+            + "; ".join(f"{w}: {d}" for _, w, d in ins.problems)
+        )
+    dense = experts = 0
+    for t in ins.tensors.values():
+        if t.name.startswith("mtp."):
+            continue
+        if is_routed_expert(t.name):
+            experts += t.nbytes
+        else:
+            dense += t.nbytes
+    cfg = ins.config
+    total_experts = cfg.num_hidden_layers * cfg.n_routed_experts
+    slot = experts // total_experts if total_experts else 0
+    n_ctx = ctx or cfg.max_position_embeddings
+    state = 0  # the engine's planner accounts for the session state; not estimated here
+    if cache_bytes is not None:
+        slots = max(1, cache_bytes // slot) if slot else 0
+    elif ram_bytes is not None:
+        free = ram_bytes - dense - state - _OVERHEAD
+        if free < slot:
+            need = dense + state + _OVERHEAD + slot
+            raise MemoryError(
+                f"--ram {ram_gb:g} GB cannot hold the resident weights ({_gb(dense)}) plus "
+                f"overhead; at least {need / GB:.2f} GB is needed"
+            )
+        slots = min(total_experts, free // slot)
+    else:
+        slots = total_experts
+    d = {
+        "budget_bytes": ram_bytes,
+        "available_bytes": None,
+        "dense_bytes": dense,
+        "state_bytes": state,
+        "scratch_bytes": 0,
+        "overhead_bytes": _OVERHEAD,
+        "slot_bytes": slot,
+        "slots": int(slots),
+        "cache_bytes": int(slots) * slot,
+        "total_experts": total_experts,
+        "ctx": n_ctx,
+        "source": "estimate",
+    }
+    d["total_bytes"] = dense + state + _OVERHEAD + d["cache_bytes"]
+    return d
+
+
+def plan_line(plan: Dict[str, Any], threads: Optional[int]) -> str:
+    budget = plan.get("budget_bytes")
+    frac = plan["slots"] / plan["total_experts"] if plan.get("total_experts") else 0
+    avail = plan.get("available_bytes")
+    if budget:
+        ram = _gb(budget)
+    else:
+        ram = f"none (available {_gb(avail)})" if avail else "none"
+    return (
+        f"plan: RAM budget {ram} · resident "
+        f"{_gb(plan['dense_bytes'])} · expert cache {_gb(plan['cache_bytes'])} "
+        f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · kernels "
+        f"{kernel_tier()} · {threads or os.cpu_count() or 1} threads"
+    )
+
+
+def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:
+    rows = [
+        ("RAM budget", _gb(plan["budget_bytes"]) if plan.get("budget_bytes") else "not set"),
+        ("resident weights", _gb(plan["dense_bytes"])),
+    ]
+    if plan.get("state_bytes"):
+        rows.append((f"session state (ctx {plan['ctx']:,})", _gb(plan["state_bytes"])))
+    if plan.get("scratch_bytes"):
+        rows.append(("scratch", _gb(plan["scratch_bytes"])))
+    rows += [
+        ("overhead", _gb(plan["overhead_bytes"])),
+        (
+            "expert cache",
+            f"{_gb(plan['cache_bytes'])} = {plan['slots']} of {plan['total_experts']} experts "
+            f"x {_gb(plan['slot_bytes'])}",
+        ),
+        ("total", f"{_gb(plan['total_bytes'])} ({plan.get('source', 'engine')})"),
+    ]
+    return rows
