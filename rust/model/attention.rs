@@ -208,7 +208,10 @@ impl AttnWeights {
                     return (0..vis).collect();
                 }
                 let qt = &qi[t * ih * id..(t + 1) * ih * id];
+                // parallel over entries too: in decode (n = 1) this is where the work is
                 let mut scored: Vec<(f32, usize)> = (0..vis)
+                    .into_par_iter()
+                    .with_min_len(256)
                     .map(|e| {
                         let ke = &st.entries[e * id..(e + 1) * id];
                         let mut s = 0f32;
@@ -219,7 +222,10 @@ impl AttnWeights {
                         (s, e)
                     })
                     .collect();
-                scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                // top-k: partition around the k-th (score desc, index asc), O(vis)
+                let cmp =
+                    |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+                scored.select_nth_unstable_by(k - 1, cmp);
                 let mut sel: Vec<usize> = scored[..k].iter().map(|p| p.1).collect();
                 sel.sort_unstable();
                 sel
