@@ -117,6 +117,14 @@ fn pos_num(o: &Map<String, Value>, k: &str) -> Result<f64> {
 
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
+        if !meta.is_file() {
+            return Err(Error::config(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
         let text =
             std::fs::read(path).map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
         let v: Value = serde_json::from_slice(&text)
@@ -253,8 +261,8 @@ impl ModelConfig {
             index_n_heads: pos(o, "index_n_heads")?,
             index_head_dim: pos(o, "index_head_dim")?,
             index_topk: pos(o, "index_topk")?,
-            bos_token_id: o.get("bos_token_id").and_then(Value::as_u64).unwrap_or(0) as u32,
-            eos_token_id: o.get("eos_token_id").and_then(Value::as_u64).unwrap_or(1) as u32,
+            bos_token_id: token_id(o, "bos_token_id", 0)?,
+            eos_token_id: token_id(o, "eos_token_id", 1)?,
             max_position_embeddings: match o.get("max_position_embeddings") {
                 None => 1 << 20,
                 Some(_) => pos(o, "max_position_embeddings")?,
@@ -307,6 +315,17 @@ impl ModelConfig {
                 self.num_hash_layers, self.num_layers
             ));
         }
+        for (k, id) in [
+            ("bos_token_id", self.bos_token_id),
+            ("eos_token_id", self.eos_token_id),
+        ] {
+            if id as usize >= self.vocab_size {
+                return bad(format!(
+                    "\"{k}\" = {id} is outside the vocabulary (vocab_size {})",
+                    self.vocab_size
+                ));
+            }
+        }
         if self.hc_mult > 64 || self.hc_sinkhorn_iters > 10_000 {
             return bad(format!(
                 "hc_mult ({}) or hc_sinkhorn_iters ({}) is implausible",
@@ -336,6 +355,16 @@ impl ModelConfig {
     pub fn is_hash_layer(&self, layer: usize) -> bool {
         layer < self.num_hash_layers
     }
+}
+
+/// An optional token id (`default` when absent); must fit in u32 (checked against the
+/// vocabulary later).
+fn token_id(o: &Map<String, Value>, k: &str, default: u32) -> Result<u32> {
+    if o.get(k).is_none() {
+        return Ok(default);
+    }
+    let n = uint(o, k)?;
+    u32::try_from(n).map_err(|_| Error::config(format!("\"{k}\" = {n} is too large")))
 }
 
 fn prefix(e: Error, p: &str) -> Error {
@@ -419,6 +448,26 @@ mod tests {
             (
                 Box::new(|v| v["rope_scaling"]["factor"] = serde_json::json!("x")),
                 "\"rope_scaling.factor\" must be a number",
+            ),
+            (
+                Box::new(|v| v["eos_token_id"] = serde_json::json!(129280)),
+                "\"eos_token_id\" = 129280 is outside the vocabulary",
+            ),
+            (
+                Box::new(|v| v["bos_token_id"] = serde_json::json!([0])),
+                "\"bos_token_id\" must be a non-negative integer",
+            ),
+            (
+                Box::new(|v| v["hidden_size"] = serde_json::json!(4100)),
+                "multiples of 32",
+            ),
+            (
+                Box::new(|v| v["num_hash_layers"] = serde_json::json!(44)),
+                "\"num_hash_layers\" = 44 exceeds",
+            ),
+            (
+                Box::new(|v| drop(v.as_object_mut().unwrap().remove("model_type"))),
+                "missing key \"model_type\"",
             ),
         ];
         for (edit, want) in cases {
