@@ -124,6 +124,8 @@ def validate(d: Any) -> Config:
     if not isinstance(d, dict):
         raise _err("the top level must be a JSON object")
     mt = d.get("model_type")
+    if mt is None:
+        raise _err('missing key "model_type" (expected "deepseek_v4")')
     if mt != "deepseek_v4":
         raise _err(
             f'"model_type" is {mt!r}, expected "deepseek_v4" (v4flash runs DeepSeek V4 Flash only)'
@@ -200,12 +202,17 @@ def validate(d: Any) -> Config:
             except V4FlashError as e:
                 raise _err(str(e).replace('config.json: "', '"rope_scaling.', 1)) from None
     mpe = _int(d, "max_position_embeddings") if "max_position_embeddings" in d else 1 << 20
+    token_ids = {}
+    for k, default in (("bos_token_id", 0), ("eos_token_id", 1)):
+        tid = _int(d, k, positive=False) if k in d else default
+        if tid >= vals["vocab_size"]:
+            raise _err(f'"{k}" = {tid} is outside the vocabulary (vocab_size {vals["vocab_size"]})')
+        token_ids[k] = tid
     return Config(
         **vals,
         compress_ratios=list(ratios[:n]),
         layer_types=layer_types,
-        bos_token_id=int(d.get("bos_token_id", 0)),
-        eos_token_id=int(d.get("eos_token_id", 1)),
+        **token_ids,
         max_position_embeddings=mpe,
         rope_scaling=rs,
         raw=d,
@@ -225,6 +232,9 @@ def load_config(model_dir: Union[str, Path]) -> Config:
     cp = p / "config.json"
     if not cp.exists():
         raise FileNotFoundError(f"{cp}: no such file (every checkpoint ships a config.json)")
+    if not cp.is_file():
+        # a directory fails late and a FIFO would block the read forever
+        raise _err(f"{cp} is not a regular file")
     try:
         d = json.loads(cp.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -119,7 +119,8 @@ pub fn parse_header(file: &str, header: &[u8], file_len: u64) -> Result<Vec<RawE
         for d in shape_v {
             let d = d.as_u64().ok_or_else(|| {
                 bad(format!(
-                    "shape {shape_v:?} has a non-integer or negative dimension"
+                    "shape {} has a non-integer or negative dimension",
+                    Value::Array(shape_v.clone())
                 ))
             })?;
             shape.push(usize::try_from(d).map_err(|_| bad(format!("dimension {d} too large")))?);
