@@ -153,14 +153,14 @@ impl ModelConfig {
             None => 0,
             Some(_) => uint(o, "num_nextn_predict_layers")?,
         };
-        if ratios.len() != num_layers && ratios.len() != num_layers + nextn {
+        if ratios.len() != num_layers && Some(ratios.len()) != num_layers.checked_add(nextn) {
             return Err(Error::config(format!(
                 "\"compress_ratios\" has {} entries, expected num_hidden_layers ({num_layers}){}",
                 ratios.len(),
                 if nextn > 0 {
                     format!(
                         " or num_hidden_layers + num_nextn_predict_layers ({})",
-                        num_layers + nextn
+                        num_layers.saturating_add(nextn)
                     )
                 } else {
                     String::new()
@@ -274,6 +274,35 @@ impl ModelConfig {
 
     fn check(&self) -> Result<()> {
         let bad = |m: String| Err(Error::config(m));
+        // Bounds first, so that the arithmetic below and in the loader cannot overflow.
+        let dims = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("head_dim", self.head_dim),
+            ("num_attention_heads", self.num_heads),
+            ("q_lora_rank", self.q_lora_rank),
+            ("o_lora_rank", self.o_lora_rank),
+            ("moe_intermediate_size", self.moe_inter),
+            ("n_routed_experts", self.n_routed_experts),
+            ("index_n_heads", self.index_n_heads),
+            ("index_head_dim", self.index_head_dim),
+        ];
+        for (k, d) in dims {
+            if d > 1 << 24 {
+                return bad(format!("\"{k}\" = {d} is implausibly large"));
+            }
+        }
+        // the expert cache keys layers and experts as u16
+        for (k, d) in [
+            ("num_hidden_layers", self.num_layers),
+            ("n_routed_experts", self.n_routed_experts),
+        ] {
+            if d > 1 << 16 {
+                return bad(format!(
+                    "\"{k}\" = {d} is implausibly large (at most 65536)"
+                ));
+            }
+        }
         if self.rope_dim % 2 != 0
             || self.rope_dim > self.head_dim
             || self.rope_dim > self.index_head_dim
@@ -283,9 +312,7 @@ impl ModelConfig {
                 self.rope_dim, self.head_dim, self.index_head_dim
             ));
         }
-        if (self.num_heads * self.head_dim) % self.o_groups != 0
-            || self.num_heads % self.o_groups != 0
-        {
+        if self.num_heads % self.o_groups != 0 {
             return bad(format!(
                 "num_attention_heads ({}) must be divisible by o_groups ({})",
                 self.num_heads, self.o_groups
@@ -331,23 +358,6 @@ impl ModelConfig {
                 "hc_mult ({}) or hc_sinkhorn_iters ({}) is implausible",
                 self.hc_mult, self.hc_sinkhorn_iters
             ));
-        }
-        let dims = [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("head_dim", self.head_dim),
-            ("num_attention_heads", self.num_heads),
-            ("q_lora_rank", self.q_lora_rank),
-            ("o_lora_rank", self.o_lora_rank),
-            ("moe_intermediate_size", self.moe_inter),
-            ("n_routed_experts", self.n_routed_experts),
-            ("index_n_heads", self.index_n_heads),
-            ("index_head_dim", self.index_head_dim),
-        ];
-        for (k, d) in dims {
-            if d > 1 << 24 {
-                return bad(format!("\"{k}\" = {d} is implausibly large"));
-            }
         }
         Ok(())
     }

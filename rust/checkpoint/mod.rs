@@ -380,3 +380,64 @@ pub fn parse_index_bytes(text: &[u8]) -> Result<(Vec<String>, HashMap<String, St
     }
     Ok((names, map))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-a")
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn shards_are_opened_read_only() {
+        use std::os::unix::io::AsRawFd;
+        let ck = Checkpoint::open(&fixture()).unwrap();
+        assert_eq!(ck.shards.len(), 2);
+        for s in &ck.shards {
+            let f = s.file();
+            // SAFETY: F_GETFL on a valid, open descriptor owned by `f`.
+            let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+            assert!(flags >= 0);
+            assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY, "{}", s.file_name);
+        }
+    }
+
+    #[test]
+    fn a_restored_shard_is_reopened_and_a_different_file_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in std::fs::read_dir(fixture()).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+        }
+        let ck = Checkpoint::open(dir.path()).unwrap();
+        let t = ck
+            .tensor("layers.5.ffn.experts.7.w2.weight")
+            .unwrap()
+            .clone();
+        let good = ck.read(&t).unwrap();
+        let p = ck.shards[t.shard].path.clone();
+        let orig = std::fs::read(&p).unwrap();
+        // shrink in place: the read fails, naming the file and the offset
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(t.offset)
+            .unwrap();
+        let e = ck.read(&t).unwrap_err().to_string();
+        assert!(e.contains(&ck.shards[t.shard].file_name), "{e}");
+        assert!(e.contains(&format!("at offset {}", t.offset)), "{e}");
+        // a different file at the path is refused
+        std::fs::remove_file(&p).unwrap();
+        let mut other = orig.clone();
+        other[20] ^= 1;
+        std::fs::write(&p, &other).unwrap();
+        assert!(ck.read(&t).is_err());
+        // the same shard, as a new file: reopened, reads work again
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, &orig).unwrap();
+        assert_eq!(ck.read(&t).unwrap(), good);
+    }
+}
