@@ -177,13 +177,13 @@ def test_second_concurrent_call_on_a_session_is_rejected_as_busy():
     "busy" at once (it does not wait and does not corrupt the running call)."""
     m = model_for("tiny-b")
     prompt = [0, 11, 12, 13]
-    want = m.generate(prompt, max_new_tokens=60, stop_ids=[])
+    want = m.generate(prompt, max_new_tokens=150, stop_ids=[])
     s = m.session()
     out, errs = [], []
 
     def run():
         try:
-            out.append(s.generate(prompt, max_new_tokens=60, stop_ids=[]))
+            out.append(s.generate(prompt, max_new_tokens=150, stop_ids=[]))
         except BaseException as e:  # noqa: BLE001 - reported below
             errs.append(e)
 
@@ -191,28 +191,33 @@ def test_second_concurrent_call_on_a_session_is_rejected_as_busy():
     t.start()
     busy = []
     deadline = time.monotonic() + 30
-    while t.is_alive() and time.monotonic() < deadline:
+    # wait (with a read-only call) until the generation holds the session
+    while t.is_alive() and time.monotonic() < deadline and not busy:
+        try:
+            _ = s.position
+        except RuntimeError as e:
+            busy.append(str(e))
+        time.sleep(0.001)
+    if busy:  # now every other call, mutating or not, is refused at once
         for call in (
             lambda: s.generate([5], max_new_tokens=1),
             lambda: s.feed([5]),
-            lambda: s.position,
+            lambda: s.tokens,  # property read
             s.snapshot,
             s.reset,
         ):
-            try:
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError, match="busy") as ei:
                 call()
-            except RuntimeError as e:
-                busy.append(str(e))
-        time.sleep(0.005)
-        if len(busy) >= 10:
-            break
+            assert time.monotonic() - t0 < 0.5, "the second call waited instead of failing"
+            busy.append(str(ei.value))
     t.join()
     assert not errs, errs
     assert busy, "no call overlapped the running generation"
     assert all("busy" in b for b in busy), busy
     # the running call was not disturbed and the session is usable afterwards
     assert out == [want]
-    assert s.position == len(prompt) + 60
+    assert s.position == len(prompt) + 150
 
 
 def test_separate_sessions_run_concurrently_with_the_same_results():
