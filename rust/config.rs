@@ -125,6 +125,13 @@ impl ModelConfig {
                 path.display()
             )));
         }
+        if meta.len() > 64 << 20 {
+            return Err(Error::config(format!(
+                "{} bytes is implausibly large for a config (limit {})",
+                meta.len(),
+                64u64 << 20
+            )));
+        }
         let text =
             std::fs::read(path).map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
         let v: Value = serde_json::from_slice(&text)

@@ -623,6 +623,23 @@ def _(d):
     (d / "config.json").write_bytes(b'{"model_type": "deepseek_v4", ')
 
 
+@case("config_deeply_nested", "V4FlashError", ["config.json", "not valid JSON"])
+def _(d):
+    (d / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+@case("config_huge_integer", "V4FlashError", ["config.json", "vocab_size"])
+def _(d):
+    t = (d / "config.json").read_text()
+    (d / "config.json").write_text(t.replace('"vocab_size": 512', '"vocab_size": ' + "9" * 30))
+
+
+@case("config_huge_file", "V4FlashError", ["config.json", "implausibly large"])
+def _(d):
+    with open(d / "config.json", "ab") as f:
+        f.truncate(65 << 20)  # sparse: 65 MB of zeros after the JSON
+
+
 @case("config_missing", "FileNotFoundError", ["config.json", "no such file"])
 def _(d):
     (d / "config.json").unlink()

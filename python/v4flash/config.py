@@ -41,6 +41,8 @@ _POSITIVE_INTS = (
     "index_head_dim",
     "index_topk",
 )
+_MAX_CONFIG_BYTES = 64 << 20
+
 _POSITIVE_NUMBERS = (
     "routed_scaling_factor",
     "swiglu_limit",
@@ -235,8 +237,13 @@ def load_config(model_dir: Union[str, Path]) -> Config:
     if not cp.is_file():
         # a directory fails late and a FIFO would block the read forever
         raise _err(f"{cp} is not a regular file")
+    size = cp.stat().st_size
+    if size > _MAX_CONFIG_BYTES:
+        raise _err(f"{size} bytes is implausibly large for a config (limit {_MAX_CONFIG_BYTES})")
     try:
         d = json.loads(cp.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
         raise _err(f"not valid JSON ({e})") from None
+    except RecursionError:
+        raise _err("not valid JSON (nested too deeply)") from None
     return validate(d)

@@ -339,6 +339,17 @@ fn parse_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
             "is not a regular file",
         ));
     }
+    // the published index is ~5 MB; a multi-GB file here is something else
+    if meta.len() > 512 << 20 {
+        return Err(Error::checkpoint(
+            "model.safetensors.index.json",
+            format!(
+                "{} bytes is implausibly large for an index (limit {})",
+                meta.len(),
+                512u64 << 20
+            ),
+        ));
+    }
     let text = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
     parse_index_bytes(&text)
 }
