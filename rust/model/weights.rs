@@ -196,7 +196,18 @@ pub fn check_scale(file: &str, name: &str, s: &[u8]) -> Result<()> {
 
 /// Rejects the E4M3 (fn) NaN encodings 0x7F / 0xFF in an FP8 weight.
 pub fn check_e4m3(file: &str, name: &str, q: &[u8]) -> Result<()> {
-    if let Some(i) = q.iter().position(|&b| b & 0x7f == 0x7f) {
+    // branch-free scan per block (vectorises; gigabytes at load time), exact index after
+    const BLOCK: usize = 4096;
+    let nan = |b: u8| b & 0x7f == 0x7f;
+    let blk = q
+        .chunks(BLOCK)
+        .position(|c| c.iter().fold(false, |a, &b| a | nan(b)));
+    if let Some(i) = blk.and_then(|k| {
+        q[k * BLOCK..]
+            .iter()
+            .position(|&b| nan(b))
+            .map(|i| k * BLOCK + i)
+    }) {
         return Err(Error::checkpoint(
             file,
             format!(
@@ -210,10 +221,17 @@ pub fn check_e4m3(file: &str, name: &str, q: &[u8]) -> Result<()> {
 
 /// Rejects NaN and ±Inf (exponent bits all ones) in BF16 bytes kept as they are stored.
 pub fn check_bf16(file: &str, name: &str, b: &[u8]) -> Result<()> {
-    if let Some(i) = b
-        .chunks_exact(2)
-        .position(|c| c[1] & 0x7f == 0x7f && c[0] & 0x80 != 0)
-    {
+    const BLOCK: usize = 4096;
+    let bad = |c: &[u8]| (c[1] & 0x7f == 0x7f) & (c[0] & 0x80 != 0);
+    let blk = b
+        .chunks(BLOCK)
+        .position(|c| c.chunks_exact(2).fold(false, |a, x| a | bad(x)));
+    if let Some(i) = blk.and_then(|k| {
+        b[k * BLOCK..]
+            .chunks_exact(2)
+            .position(bad)
+            .map(|i| k * BLOCK / 2 + i)
+    }) {
         let v = crate::dtype::bf16_to_f32(b[2 * i], b[2 * i + 1]);
         return Err(Error::checkpoint(
             file,
@@ -244,6 +262,16 @@ mod tests {
                 .to_string();
             assert!(e.contains(&format!("element 1 is {want}")), "{e}");
         }
+        // past the first scan block
+        let mut q = vec![0x3cu8; 10_000];
+        q[9001] = 0x7f;
+        let e = check_e4m3("f", "w", &q).unwrap_err().to_string();
+        assert!(e.contains("element 9001 "), "{e}");
+        q[9001] = 0x80;
+        q[9002] = 0xc0;
+        q[9003] = 0x7f;
+        let e = check_bf16("f", "w", &q).unwrap_err().to_string();
+        assert!(e.contains("element 4501 is NaN"), "{e}");
         let e = check_scale("f", "s", &[127, 255]).unwrap_err().to_string();
         assert!(e.contains("scale byte 1 is 255"), "{e}");
     }
