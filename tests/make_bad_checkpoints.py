@@ -375,6 +375,23 @@ def _(d):
     _drop_tensor(d, "layers.2.attn.wkv.scale")
 
 
+@case(
+    "transformers_layout",
+    "V4FlashError",
+    ["missing tensor embed.weight", "Hugging Face transformers conversion", "model.embed.weight"],
+)
+def _(d):
+    """Another layout of the same model: every tensor renamed with a ``model.`` prefix."""
+    for s in (S1, S2):
+        repack(d / s, {"model." + k: v for k, v in Shard(d / s).tensors().items()})
+    edit_index(
+        d,
+        lambda idx: idx.__setitem__(
+            "weight_map", {"model." + k: v for k, v in idx["weight_map"].items()}
+        ),
+    )
+
+
 @case("missing_expert_tensor", "V4FlashError", ["missing tensor layers.4.ffn.experts.15.w3.weight"])
 def _(d):
     _drop_tensor(d, "layers.4.ffn.experts.15.w3.weight")
@@ -386,6 +403,12 @@ def _(d):
 @case("missing_shard", "FileNotFoundError", [S2, "shard named in model.safetensors.index.json"])
 def _(d):
     (d / S2).unlink()
+
+
+@case("renamed_shard", "FileNotFoundError", [S2, "shard named in model.safetensors.index.json"])
+def _(d):
+    """Shard files renamed (e.g. re-numbered by a download tool) without the index."""
+    (d / S2).rename(d / "model-00002-of-00003.safetensors")
 
 
 @case("index_wrong_shard", "V4FlashError", [INDEX, "hc_head_fn", f"mapped to {S2}", f"in {S1}"])

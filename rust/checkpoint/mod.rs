@@ -242,14 +242,45 @@ impl Checkpoint {
         &self.shards[t.shard].file_name
     }
 
-    /// The tensor, or an error naming it.
+    /// The tensor, or an error naming it (with a hint when the names follow another layout).
     pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors.get(name).ok_or_else(|| {
+            let where_ = if self.dir.join("model.safetensors.index.json").is_file() {
+                "neither model.safetensors.index.json nor any shard lists it"
+            } else {
+                "model.safetensors does not contain it"
+            };
             Error::checkpoint(
                 self.dir.display().to_string(),
-                format!("missing tensor {name} (required by config.json; is this a DeepSeek-V4-Flash checkpoint?)"),
+                format!(
+                    "missing tensor {name}: {where_} (required by config.json; is this a DeepSeek-V4-Flash checkpoint?){}",
+                    self.layout_hint()
+                ),
             )
         })
+    }
+
+    /// A hint for checkpoints in another naming scheme (e.g. a transformers conversion).
+    fn layout_hint(&self) -> String {
+        let n = self.tensors.len().max(1);
+        let hf = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with("model."))
+            .count();
+        if hf * 2 > n {
+            let example = self
+                .tensors
+                .keys()
+                .filter(|k| k.starts_with("model."))
+                .min();
+            return format!(
+                "; its tensor names look like a Hugging Face transformers conversion (e.g. {}), \
+                 v4flash reads the checkpoint as DeepSeek publishes it (embed.weight, layers.N.attn.wq_a.weight, ...)",
+                example.map(String::as_str).unwrap_or("model.*")
+            );
+        }
+        String::new()
     }
 
     /// The tensor, checked against the allowed dtypes and the exact shape.
