@@ -177,13 +177,13 @@ def test_second_concurrent_call_on_a_session_is_rejected_as_busy():
     "busy" at once (it does not wait and does not corrupt the running call)."""
     m = model_for("tiny-b")
     prompt = [0, 11, 12, 13]
-    want = m.generate(prompt, max_new_tokens=150, stop_ids=[])
+    want = m.generate(prompt, max_new_tokens=80, stop_ids=[])
     s = m.session()
     out, errs = [], []
 
     def run():
         try:
-            out.append(s.generate(prompt, max_new_tokens=150, stop_ids=[]))
+            out.append(s.generate(prompt, max_new_tokens=80, stop_ids=[]))
         except BaseException as e:  # noqa: BLE001 - reported below
             errs.append(e)
 
@@ -217,7 +217,7 @@ def test_second_concurrent_call_on_a_session_is_rejected_as_busy():
     assert all("busy" in b for b in busy), busy
     # the running call was not disturbed and the session is usable afterwards
     assert out == [want]
-    assert s.position == len(prompt) + 150
+    assert s.position == len(prompt) + 80
 
 
 def test_separate_sessions_run_concurrently_with_the_same_results():
