@@ -117,6 +117,21 @@ fn pos_num(o: &Map<String, Value>, k: &str) -> Result<f64> {
 
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
+        if !meta.is_file() {
+            return Err(Error::config(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        if meta.len() > 64 << 20 {
+            return Err(Error::config(format!(
+                "{} bytes is implausibly large for a config (limit {})",
+                meta.len(),
+                64u64 << 20
+            )));
+        }
         let text =
             std::fs::read(path).map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
         let v: Value = serde_json::from_slice(&text)
@@ -145,14 +160,14 @@ impl ModelConfig {
             None => 0,
             Some(_) => uint(o, "num_nextn_predict_layers")?,
         };
-        if ratios.len() != num_layers && ratios.len() != num_layers + nextn {
+        if ratios.len() != num_layers && Some(ratios.len()) != num_layers.checked_add(nextn) {
             return Err(Error::config(format!(
                 "\"compress_ratios\" has {} entries, expected num_hidden_layers ({num_layers}){}",
                 ratios.len(),
                 if nextn > 0 {
                     format!(
                         " or num_hidden_layers + num_nextn_predict_layers ({})",
-                        num_layers + nextn
+                        num_layers.saturating_add(nextn)
                     )
                 } else {
                     String::new()
@@ -253,8 +268,8 @@ impl ModelConfig {
             index_n_heads: pos(o, "index_n_heads")?,
             index_head_dim: pos(o, "index_head_dim")?,
             index_topk: pos(o, "index_topk")?,
-            bos_token_id: o.get("bos_token_id").and_then(Value::as_u64).unwrap_or(0) as u32,
-            eos_token_id: o.get("eos_token_id").and_then(Value::as_u64).unwrap_or(1) as u32,
+            bos_token_id: token_id(o, "bos_token_id", 0)?,
+            eos_token_id: token_id(o, "eos_token_id", 1)?,
             max_position_embeddings: match o.get("max_position_embeddings") {
                 None => 1 << 20,
                 Some(_) => pos(o, "max_position_embeddings")?,
@@ -266,6 +281,35 @@ impl ModelConfig {
 
     fn check(&self) -> Result<()> {
         let bad = |m: String| Err(Error::config(m));
+        // Bounds first, so that the arithmetic below and in the loader cannot overflow.
+        let dims = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("head_dim", self.head_dim),
+            ("num_attention_heads", self.num_heads),
+            ("q_lora_rank", self.q_lora_rank),
+            ("o_lora_rank", self.o_lora_rank),
+            ("moe_intermediate_size", self.moe_inter),
+            ("n_routed_experts", self.n_routed_experts),
+            ("index_n_heads", self.index_n_heads),
+            ("index_head_dim", self.index_head_dim),
+        ];
+        for (k, d) in dims {
+            if d > 1 << 24 {
+                return bad(format!("\"{k}\" = {d} is implausibly large"));
+            }
+        }
+        // the expert cache keys layers and experts as u16
+        for (k, d) in [
+            ("num_hidden_layers", self.num_layers),
+            ("n_routed_experts", self.n_routed_experts),
+        ] {
+            if d > 1 << 16 {
+                return bad(format!(
+                    "\"{k}\" = {d} is implausibly large (at most 65536)"
+                ));
+            }
+        }
         if self.rope_dim % 2 != 0
             || self.rope_dim > self.head_dim
             || self.rope_dim > self.index_head_dim
@@ -275,9 +319,7 @@ impl ModelConfig {
                 self.rope_dim, self.head_dim, self.index_head_dim
             ));
         }
-        if (self.num_heads * self.head_dim) % self.o_groups != 0
-            || self.num_heads % self.o_groups != 0
-        {
+        if self.num_heads % self.o_groups != 0 {
             return bad(format!(
                 "num_attention_heads ({}) must be divisible by o_groups ({})",
                 self.num_heads, self.o_groups
@@ -307,28 +349,22 @@ impl ModelConfig {
                 self.num_hash_layers, self.num_layers
             ));
         }
+        for (k, id) in [
+            ("bos_token_id", self.bos_token_id),
+            ("eos_token_id", self.eos_token_id),
+        ] {
+            if id as usize >= self.vocab_size {
+                return bad(format!(
+                    "\"{k}\" = {id} is outside the vocabulary (vocab_size {})",
+                    self.vocab_size
+                ));
+            }
+        }
         if self.hc_mult > 64 || self.hc_sinkhorn_iters > 10_000 {
             return bad(format!(
                 "hc_mult ({}) or hc_sinkhorn_iters ({}) is implausible",
                 self.hc_mult, self.hc_sinkhorn_iters
             ));
-        }
-        let dims = [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("head_dim", self.head_dim),
-            ("num_attention_heads", self.num_heads),
-            ("q_lora_rank", self.q_lora_rank),
-            ("o_lora_rank", self.o_lora_rank),
-            ("moe_intermediate_size", self.moe_inter),
-            ("n_routed_experts", self.n_routed_experts),
-            ("index_n_heads", self.index_n_heads),
-            ("index_head_dim", self.index_head_dim),
-        ];
-        for (k, d) in dims {
-            if d > 1 << 24 {
-                return bad(format!("\"{k}\" = {d} is implausibly large"));
-            }
         }
         Ok(())
     }
@@ -336,6 +372,16 @@ impl ModelConfig {
     pub fn is_hash_layer(&self, layer: usize) -> bool {
         layer < self.num_hash_layers
     }
+}
+
+/// An optional token id (`default` when absent); must fit in u32 (checked against the
+/// vocabulary later).
+fn token_id(o: &Map<String, Value>, k: &str, default: u32) -> Result<u32> {
+    if o.get(k).is_none() {
+        return Ok(default);
+    }
+    let n = uint(o, k)?;
+    u32::try_from(n).map_err(|_| Error::config(format!("\"{k}\" = {n} is too large")))
 }
 
 fn prefix(e: Error, p: &str) -> Error {
@@ -419,6 +465,26 @@ mod tests {
             (
                 Box::new(|v| v["rope_scaling"]["factor"] = serde_json::json!("x")),
                 "\"rope_scaling.factor\" must be a number",
+            ),
+            (
+                Box::new(|v| v["eos_token_id"] = serde_json::json!(129280)),
+                "\"eos_token_id\" = 129280 is outside the vocabulary",
+            ),
+            (
+                Box::new(|v| v["bos_token_id"] = serde_json::json!([0])),
+                "\"bos_token_id\" must be a non-negative integer",
+            ),
+            (
+                Box::new(|v| v["hidden_size"] = serde_json::json!(4100)),
+                "multiples of 32",
+            ),
+            (
+                Box::new(|v| v["num_hash_layers"] = serde_json::json!(44)),
+                "\"num_hash_layers\" = 44 exceeds",
+            ),
+            (
+                Box::new(|v| drop(v.as_object_mut().unwrap().remove("model_type"))),
+                "missing key \"model_type\"",
             ),
         ];
         for (edit, want) in cases {

@@ -41,6 +41,8 @@ _POSITIVE_INTS = (
     "index_head_dim",
     "index_topk",
 )
+_MAX_CONFIG_BYTES = 64 << 20
+
 _POSITIVE_NUMBERS = (
     "routed_scaling_factor",
     "swiglu_limit",
@@ -124,6 +126,8 @@ def validate(d: Any) -> Config:
     if not isinstance(d, dict):
         raise _err("the top level must be a JSON object")
     mt = d.get("model_type")
+    if mt is None:
+        raise _err('missing key "model_type" (expected "deepseek_v4")')
     if mt != "deepseek_v4":
         raise _err(
             f'"model_type" is {mt!r}, expected "deepseek_v4" (v4flash runs DeepSeek V4 Flash only)'
@@ -200,12 +204,17 @@ def validate(d: Any) -> Config:
             except V4FlashError as e:
                 raise _err(str(e).replace('config.json: "', '"rope_scaling.', 1)) from None
     mpe = _int(d, "max_position_embeddings") if "max_position_embeddings" in d else 1 << 20
+    token_ids = {}
+    for k, default in (("bos_token_id", 0), ("eos_token_id", 1)):
+        tid = _int(d, k, positive=False) if k in d else default
+        if tid >= vals["vocab_size"]:
+            raise _err(f'"{k}" = {tid} is outside the vocabulary (vocab_size {vals["vocab_size"]})')
+        token_ids[k] = tid
     return Config(
         **vals,
         compress_ratios=list(ratios[:n]),
         layer_types=layer_types,
-        bos_token_id=int(d.get("bos_token_id", 0)),
-        eos_token_id=int(d.get("eos_token_id", 1)),
+        **token_ids,
         max_position_embeddings=mpe,
         rope_scaling=rs,
         raw=d,
@@ -225,8 +234,16 @@ def load_config(model_dir: Union[str, Path]) -> Config:
     cp = p / "config.json"
     if not cp.exists():
         raise FileNotFoundError(f"{cp}: no such file (every checkpoint ships a config.json)")
+    if not cp.is_file():
+        # a directory fails late and a FIFO would block the read forever
+        raise _err(f"{cp} is not a regular file")
+    size = cp.stat().st_size
+    if size > _MAX_CONFIG_BYTES:
+        raise _err(f"{size} bytes is implausibly large for a config (limit {_MAX_CONFIG_BYTES})")
     try:
         d = json.loads(cp.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
         raise _err(f"not valid JSON ({e})") from None
+    except RecursionError:
+        raise _err("not valid JSON (nested too deeply)") from None
     return validate(d)

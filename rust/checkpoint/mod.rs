@@ -11,7 +11,9 @@ use crate::error::{Error, Result};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 pub use io::read_exact_at;
 
@@ -36,8 +38,63 @@ impl TensorInfo {
 pub struct Shard {
     pub path: PathBuf,
     pub file_name: String,
-    pub file: File,
+    /// The open (read-only) file; replaced by a fresh handle when a read fails and the file at
+    /// `path` is again the shard that was opened (restored after a fault).
+    file: RwLock<Arc<File>>,
     pub len: u64,
+    /// Hash of the length prefix and header bytes, to recognise the same shard on reopen.
+    header_hash: u64,
+    header_len: u64,
+}
+
+impl Shard {
+    /// The current file handle.
+    pub fn file(&self) -> Arc<File> {
+        self.file.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reopens `path` (read-only) and swaps it in if it is still the same shard (same
+    /// length, same header). Returns whether a new handle is in place.
+    fn reopen(&self) -> bool {
+        let Ok(f) = open_shard(&self.path, &self.file_name, "reopen") else {
+            return false;
+        };
+        match f.metadata() {
+            Ok(m) if m.len() == self.len => {}
+            _ => return false,
+        }
+        let mut hdr = vec![0u8; 8 + self.header_len as usize];
+        if read_exact_at(&f, &self.path, &mut hdr, 0).is_err()
+            || hash_bytes(&hdr) != self.header_hash
+        {
+            return false;
+        }
+        *self.file.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(f);
+        true
+    }
+}
+
+fn hash_bytes(b: &[u8]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
+}
+
+/// Opens a shard read-only after checking that it is a regular file (a directory fails
+/// late, and opening a FIFO or a device could block forever).
+fn open_shard(path: &Path, fname: &str, what: &str) -> Result<File> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, what.to_string(), e))?;
+    if !meta.is_file() {
+        return Err(Error::checkpoint(
+            fname,
+            format!(
+                "{} is not a regular file (expected a safetensors shard)",
+                path.display()
+            ),
+        ));
+    }
+    // std's File::open is O_RDONLY (plus O_CLOEXEC): the checkpoint is never written.
+    File::open(path).map_err(|e| Error::io(path, what.to_string(), e))
 }
 
 pub struct Checkpoint {
@@ -74,20 +131,12 @@ impl Checkpoint {
         let mut tensors: HashMap<String, TensorInfo> = HashMap::new();
         for (si, fname) in shard_names.iter().enumerate() {
             let path = dir.join(fname);
-            let file = File::open(&path).map_err(|e| {
-                Error::io(
-                    &path,
-                    format!(
-                        "shard named in {}",
-                        if weight_map.is_some() {
-                            "model.safetensors.index.json"
-                        } else {
-                            "the checkpoint"
-                        }
-                    ),
-                    e,
-                )
-            })?;
+            let what = if weight_map.is_some() {
+                "shard named in model.safetensors.index.json"
+            } else {
+                "the checkpoint's single shard"
+            };
+            let file = open_shard(&path, fname, what)?;
             let len = file
                 .metadata()
                 .map_err(|e| Error::io(&path, "stat", e))?
@@ -101,9 +150,10 @@ impl Checkpoint {
             let mut prefix = [0u8; 8];
             read_exact_at(&file, &path, &mut prefix, 0)?;
             let hl = safetensors::header_len(fname, &prefix, len)?;
-            let mut header = vec![0u8; hl as usize];
-            read_exact_at(&file, &path, &mut header, 8)?;
-            for e in safetensors::parse_header(fname, &header, len)? {
+            let mut header = vec![0u8; 8 + hl as usize];
+            read_exact_at(&file, &path, &mut header, 0)?;
+            let header_hash = hash_bytes(&header);
+            for e in safetensors::parse_header(fname, &header[8..], len)? {
                 if let Some(prev) = tensors.get(&e.name) {
                     return Err(Error::checkpoint(
                         fname.clone(),
@@ -128,8 +178,10 @@ impl Checkpoint {
             shards.push(Shard {
                 path,
                 file_name: fname.clone(),
-                file,
+                file: RwLock::new(Arc::new(file)),
                 len,
+                header_hash,
+                header_len: hl,
             });
         }
 
@@ -190,14 +242,45 @@ impl Checkpoint {
         &self.shards[t.shard].file_name
     }
 
-    /// The tensor, or an error naming it.
+    /// The tensor, or an error naming it (with a hint when the names follow another layout).
     pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors.get(name).ok_or_else(|| {
+            let where_ = if self.dir.join("model.safetensors.index.json").is_file() {
+                "neither model.safetensors.index.json nor any shard lists it"
+            } else {
+                "model.safetensors does not contain it"
+            };
             Error::checkpoint(
                 self.dir.display().to_string(),
-                format!("missing tensor {name} (required by config.json; is this a DeepSeek-V4-Flash checkpoint?)"),
+                format!(
+                    "missing tensor {name}: {where_} (required by config.json; is this a DeepSeek-V4-Flash checkpoint?){}",
+                    self.layout_hint()
+                ),
             )
         })
+    }
+
+    /// A hint for checkpoints in another naming scheme (e.g. a transformers conversion).
+    fn layout_hint(&self) -> String {
+        let n = self.tensors.len().max(1);
+        let hf = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with("model."))
+            .count();
+        if hf * 2 > n {
+            let example = self
+                .tensors
+                .keys()
+                .filter(|k| k.starts_with("model."))
+                .min();
+            return format!(
+                "; its tensor names look like a Hugging Face transformers conversion (e.g. {}), \
+                 v4flash reads the checkpoint as DeepSeek publishes it (embed.weight, layers.N.attn.wq_a.weight, ...)",
+                example.map(String::as_str).unwrap_or("model.*")
+            );
+        }
+        String::new()
     }
 
     /// The tensor, checked against the allowed dtypes and the exact shape.
@@ -234,9 +317,23 @@ impl Checkpoint {
     }
 
     /// Positional read of `buf.len()` bytes at `offset` of shard `shard`.
+    ///
+    /// A failed read (the file shrank, or an I/O error) is retried once on a freshly opened
+    /// handle when the file at the shard's path is again the shard that was loaded (so a
+    /// shard restored by copying it back, even as a new file, works again); otherwise the
+    /// original error, naming the file and offset, is returned.
     pub fn read_into(&self, shard: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
         let s = &self.shards[shard];
-        read_exact_at(&s.file, &s.path, buf, offset)
+        match read_exact_at(&s.file(), &s.path, buf, offset) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if s.reopen() {
+                    read_exact_at(&s.file(), &s.path, buf, offset)
+                } else {
+                    Err(e)
+                }
+            }
+        }
     }
 
     /// Reads an F32/BF16/F16 tensor as f32.
@@ -266,9 +363,33 @@ impl Checkpoint {
 
 /// Parses `model.safetensors.index.json`: the shard names (sorted, deduplicated) and the map.
 fn parse_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
-    let f = "model.safetensors.index.json";
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", e))?;
+    if !meta.is_file() {
+        return Err(Error::checkpoint(
+            "model.safetensors.index.json",
+            "is not a regular file",
+        ));
+    }
+    // the published index is ~5 MB; a multi-GB file here is something else
+    if meta.len() > 512 << 20 {
+        return Err(Error::checkpoint(
+            "model.safetensors.index.json",
+            format!(
+                "{} bytes is implausibly large for an index (limit {})",
+                meta.len(),
+                512u64 << 20
+            ),
+        ));
+    }
     let text = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
-    let v: Value = serde_json::from_slice(&text)
+    parse_index_bytes(&text)
+}
+
+/// Parses the bytes of `model.safetensors.index.json`: the shard names (sorted, deduplicated)
+/// and the tensor → shard map.
+pub fn parse_index_bytes(text: &[u8]) -> Result<(Vec<String>, HashMap<String, String>)> {
+    let f = "model.safetensors.index.json";
+    let v: Value = serde_json::from_slice(text)
         .map_err(|e| Error::checkpoint(f, format!("not valid JSON ({e})")))?;
     let wm = v
         .get("weight_map")
@@ -280,7 +401,12 @@ fn parse_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
         let s = s.as_str().ok_or_else(|| {
             Error::checkpoint(f, format!("weight_map[{k:?}] is not a file name string"))
         })?;
-        if s.contains('/') || s.contains('\\') || s.contains("..") {
+        if s.is_empty()
+            || s.contains('/')
+            || s.contains('\\')
+            || s.contains("..")
+            || s.contains('\0')
+        {
             return Err(Error::checkpoint(
                 f,
                 format!("weight_map[{k:?}] = {s:?} is not a plain file name"),
@@ -295,4 +421,65 @@ fn parse_index(path: &Path) -> Result<(Vec<String>, HashMap<String, String>)> {
         return Err(Error::checkpoint(f, "weight_map is empty"));
     }
     Ok((names, map))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-a")
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn shards_are_opened_read_only() {
+        use std::os::unix::io::AsRawFd;
+        let ck = Checkpoint::open(&fixture()).unwrap();
+        assert_eq!(ck.shards.len(), 2);
+        for s in &ck.shards {
+            let f = s.file();
+            // SAFETY: F_GETFL on a valid, open descriptor owned by `f`.
+            let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+            assert!(flags >= 0);
+            assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY, "{}", s.file_name);
+        }
+    }
+
+    #[test]
+    fn a_restored_shard_is_reopened_and_a_different_file_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in std::fs::read_dir(fixture()).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+        }
+        let ck = Checkpoint::open(dir.path()).unwrap();
+        let t = ck
+            .tensor("layers.5.ffn.experts.7.w2.weight")
+            .unwrap()
+            .clone();
+        let good = ck.read(&t).unwrap();
+        let p = ck.shards[t.shard].path.clone();
+        let orig = std::fs::read(&p).unwrap();
+        // shrink in place: the read fails, naming the file and the offset
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(t.offset)
+            .unwrap();
+        let e = ck.read(&t).unwrap_err().to_string();
+        assert!(e.contains(&ck.shards[t.shard].file_name), "{e}");
+        assert!(e.contains(&format!("at offset {}", t.offset)), "{e}");
+        // a different file at the path is refused
+        std::fs::remove_file(&p).unwrap();
+        let mut other = orig.clone();
+        other[20] ^= 1;
+        std::fs::write(&p, &other).unwrap();
+        assert!(ck.read(&t).is_err());
+        // the same shard, as a new file: reopened, reads work again
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, &orig).unwrap();
+        assert_eq!(ck.read(&t).unwrap(), good);
+    }
 }

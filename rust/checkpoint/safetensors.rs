@@ -35,19 +35,68 @@ pub fn header_len(file: &str, prefix: &[u8; 8], file_len: u64) -> Result<u64> {
     Ok(n)
 }
 
+/// The header's top-level entries in file order, keeping duplicates (a JSON object parsed
+/// into a map would silently keep only the last of two entries with the same name).
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut v = Vec::new();
+                while let Some(e) = m.next_entry::<String, Value>()? {
+                    v.push(e);
+                }
+                Ok(Entries(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// Parses the JSON header (the bytes after the length prefix) of a file of `file_len` bytes.
+///
+/// Besides each entry's own checks, the data section must be exactly covered by the tensors
+/// in offset order (what the safetensors format requires): an overlap, a hole or trailing
+/// bytes mean the offsets were edited or the file was cut or spliced.
 pub fn parse_header(file: &str, header: &[u8], file_len: u64) -> Result<Vec<RawEntry>> {
     let text = std::str::from_utf8(header)
         .map_err(|e| Error::checkpoint(file, format!("header is not valid UTF-8 ({e})")))?;
-    let v: Value = serde_json::from_str(text.trim_end_matches(' '))
+    let text = text.trim_end_matches(' ');
+    let v: Value = serde_json::from_str(text)
         .map_err(|e| Error::checkpoint(file, format!("header is not valid JSON ({e})")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| Error::checkpoint(file, "header is not a JSON object"))?;
+    if !v.is_object() {
+        return Err(Error::checkpoint(file, "header is not a JSON object"));
+    }
+    let Entries(entries) = serde_json::from_str(text)
+        .map_err(|e| Error::checkpoint(file, format!("header is not valid JSON ({e})")))?;
     let data_start = 8 + header.len() as u64;
-    let data_len = file_len - data_start;
-    let mut out = Vec::with_capacity(obj.len());
-    for (name, e) in obj {
+    let data_len = file_len.checked_sub(data_start).ok_or_else(|| {
+        Error::checkpoint(
+            file,
+            format!(
+                "header of {} bytes + 8 exceeds the file size {file_len} bytes (truncated?)",
+                header.len()
+            ),
+        )
+    })?;
+    let mut seen = std::collections::HashSet::with_capacity(entries.len());
+    let mut out = Vec::with_capacity(entries.len());
+    for (name, e) in &entries {
+        if !seen.insert(name.as_str()) {
+            return Err(Error::checkpoint(
+                file,
+                format!("tensor {name} appears twice in the header (expected unique names)"),
+            ));
+        }
         if name == "__metadata__" {
             continue;
         }
@@ -70,7 +119,8 @@ pub fn parse_header(file: &str, header: &[u8], file_len: u64) -> Result<Vec<RawE
         for d in shape_v {
             let d = d.as_u64().ok_or_else(|| {
                 bad(format!(
-                    "shape {shape_v:?} has a non-integer or negative dimension"
+                    "shape {} has a non-integer or negative dimension",
+                    Value::Array(shape_v.clone())
                 ))
             })?;
             shape.push(usize::try_from(d).map_err(|_| bad(format!("dimension {d} too large")))?);
@@ -111,16 +161,46 @@ pub fn parse_header(file: &str, header: &[u8], file_len: u64) -> Result<Vec<RawE
         });
     }
     out.sort_by_key(|e| (e.offset, e.len));
-    for w in out.windows(2) {
-        if w[0].offset + w[0].len > w[1].offset {
+    let mut at = data_start;
+    let mut prev: Option<&RawEntry> = None;
+    for e in &out {
+        if let (Some(p), true) = (prev, e.offset < at) {
             return Err(Error::checkpoint(
                 file,
                 format!(
-                    "tensors {} and {} overlap in the file",
-                    w[0].name, w[1].name
+                    "tensors {} and {} overlap in the file (data_offsets [{}, {}] and [{}, {}])",
+                    p.name,
+                    e.name,
+                    p.offset - data_start,
+                    p.offset + p.len - data_start,
+                    e.offset - data_start,
+                    e.offset + e.len - data_start
                 ),
             ));
         }
+        if e.offset > at {
+            return Err(Error::checkpoint(
+                file,
+                format!(
+                    "{} unused bytes before tensor {} (data_offsets begin at {}, expected {}): the tensors must tile the data section",
+                    e.offset - at,
+                    e.name,
+                    e.offset - data_start,
+                    at - data_start
+                ),
+            ));
+        }
+        at = e.offset + e.len;
+        prev = Some(e);
+    }
+    if at != file_len {
+        return Err(Error::checkpoint(
+            file,
+            format!(
+                "file is {file_len} bytes but its tensors end at byte {at}: {} trailing bytes (expected the last tensor to end the file)",
+                file_len - at
+            ),
+        ));
     }
     Ok(out)
 }

@@ -80,6 +80,7 @@ impl<'a> Loader<'a> {
             )?
             .clone();
         let q = self.ck.read(&wt)?;
+        check_e4m3(self.ck.file_of(&wt), &wt.name, &q)?;
         let scale = self.read_scale(&st)?;
         self.loaded += q.len() + scale.len();
         Ok(Linear {
@@ -104,7 +105,11 @@ impl<'a> Loader<'a> {
 
     pub fn dense_tensor(&mut self, t: &TensorInfo, rows: usize, cols: usize) -> Result<Linear> {
         let data = match t.dtype {
-            DType::BF16 => LinData::Bf16(self.ck.read(t)?),
+            DType::BF16 => {
+                let b = self.ck.read(t)?;
+                check_bf16(self.ck.file_of(t), &t.name, &b)?;
+                LinData::Bf16(b)
+            }
             _ => LinData::F32(self.ck.read_f32(t)?),
         };
         let l = Linear { rows, cols, data };
@@ -187,4 +192,87 @@ pub fn check_scale(file: &str, name: &str, s: &[u8]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Rejects the E4M3 (fn) NaN encodings 0x7F / 0xFF in an FP8 weight.
+pub fn check_e4m3(file: &str, name: &str, q: &[u8]) -> Result<()> {
+    // branch-free scan per block (vectorises; gigabytes at load time), exact index after
+    const BLOCK: usize = 4096;
+    let nan = |b: u8| b & 0x7f == 0x7f;
+    let blk = q
+        .chunks(BLOCK)
+        .position(|c| c.iter().fold(false, |a, &b| a | nan(b)));
+    if let Some(i) = blk.and_then(|k| {
+        q[k * BLOCK..]
+            .iter()
+            .position(|&b| nan(b))
+            .map(|i| k * BLOCK + i)
+    }) {
+        return Err(Error::checkpoint(
+            file,
+            format!(
+                "tensor {name}: element {i} is byte {:#04x} (the F8_E4M3 NaN encoding); expected finite values",
+                q[i]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Rejects NaN and ±Inf (exponent bits all ones) in BF16 bytes kept as they are stored.
+pub fn check_bf16(file: &str, name: &str, b: &[u8]) -> Result<()> {
+    const BLOCK: usize = 4096;
+    let bad = |c: &[u8]| (c[1] & 0x7f == 0x7f) & (c[0] & 0x80 != 0);
+    let blk = b
+        .chunks(BLOCK)
+        .position(|c| c.chunks_exact(2).fold(false, |a, x| a | bad(x)));
+    if let Some(i) = blk.and_then(|k| {
+        b[k * BLOCK..]
+            .chunks_exact(2)
+            .position(bad)
+            .map(|i| k * BLOCK / 2 + i)
+    }) {
+        let v = crate::dtype::bf16_to_f32(b[2 * i], b[2 * i + 1]);
+        return Err(Error::checkpoint(
+            file,
+            format!("tensor {name}: element {i} is {v} (expected finite values)"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_encodings_are_rejected() {
+        assert!(check_e4m3("f", "w", &[0, 0x7e, 0xfe, 0x80]).is_ok());
+        let e = check_e4m3("f", "w", &[0, 1, 0xff]).unwrap_err().to_string();
+        assert!(e.contains("tensor w: element 2 is byte 0xff"), "{e}");
+        // BF16 1.0 = 0x3f80, +inf = 0x7f80, NaN = 0x7fc0, -inf = 0xff80
+        assert!(check_bf16("f", "w", &[0x80, 0x3f, 0x7f, 0x7f]).is_ok());
+        for (lo, hi, want) in [
+            (0x80, 0x7f, "inf"),
+            (0xc0, 0x7f, "NaN"),
+            (0x80, 0xff, "-inf"),
+        ] {
+            let e = check_bf16("f", "w", &[0x80, 0x3f, lo, hi])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("element 1 is {want}")), "{e}");
+        }
+        // past the first scan block
+        let mut q = vec![0x3cu8; 10_000];
+        q[9001] = 0x7f;
+        let e = check_e4m3("f", "w", &q).unwrap_err().to_string();
+        assert!(e.contains("element 9001 "), "{e}");
+        q[9001] = 0x80;
+        q[9002] = 0xc0;
+        q[9003] = 0x7f;
+        let e = check_bf16("f", "w", &q).unwrap_err().to_string();
+        assert!(e.contains("element 4501 is NaN"), "{e}");
+        let e = check_scale("f", "s", &[127, 255]).unwrap_err().to_string();
+        assert!(e.contains("scale byte 1 is 255"), "{e}");
+    }
 }
