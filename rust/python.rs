@@ -241,7 +241,9 @@ impl PyModel {
             policy,
             io_threads,
         )?;
-        let m = run_cancellable(py, |_| CoreModel::load(&path, &opts))?;
+        let m = run_cancellable(py, |c| {
+            CoreModel::load_cancellable(&path, &opts, &|| c.load(Ordering::Relaxed))
+        })?;
         Ok(PyModel { inner: Arc::new(m) })
     }
 
@@ -475,7 +477,9 @@ impl PySession {
                 let tok = Sampler::new(p).pick(&logits);
                 out.push(tok);
                 s.pending = Some(tok);
-                if stop_ids.contains(&tok) || out.len() == max_new {
+                // stop at a stop id, at the limit, or when the context is full (the sampled
+                // token cannot be fed; it is returned and stays pending in the session)
+                if stop_ids.contains(&tok) || out.len() == max_new || s.st.pos() >= m.ctx {
                     break;
                 }
                 if cancel() {

@@ -386,6 +386,7 @@ fn model_load_with_random_shard_corruption_never_panics() {
             threads: Some(1),
             expert_cache_bytes: Some(1),
             ctx: Some(64),
+            ..LoadOptions::default()
         };
         match Model::load(dir.path(), &opts) {
             Ok(m) => {

@@ -83,20 +83,14 @@ def test_prompt_longer_than_ctx_in_one_call(tmp_path):
     with pytest.raises(ValueError, match="more than the context of 8 tokens"):
         s.generate(list(range(12)), max_new_tokens=1)
     assert s.position == 0
-    # generation that runs into the context limit ends in a clear error; reset recovers
-    s.feed(list(range(6)))
+    # a full session refuses more input with a clear error; reset recovers
+    s.feed(list(range(8)))
     with pytest.raises(ValueError, match="context of 8 tokens"):
-        s.generate([], max_new_tokens=10, stop_ids=[])
+        s.feed([1])
     s.reset()
     assert s.position == 0 and len(s.generate([0], max_new_tokens=3, stop_ids=[])) == 3
 
 
-@pytest.mark.xfail(
-    reason="generate() that reaches ctx raises ValueError and the caller loses the tokens "
-    "already sampled, while the session keeps them (position ctx+1); fix in rust/python.rs "
-    "PySession::generate: stop and return `out` when the context is full",
-    strict=False,
-)
 def test_generation_stops_at_the_context_limit_and_returns_its_tokens():
     m = v4flash.load(FIXTURES / "tiny-a", ctx=8)
     s = m.session()
@@ -151,12 +145,6 @@ def test_bad_load_arguments(kw, words):
     assert words in str(ei.value)
 
 
-@pytest.mark.xfail(
-    reason="ram_gb is validated but not passed to the core: a budget below the resident "
-    "weights or above the machine's RAM is accepted silently (needs python/v4flash/model.py "
-    "load() + LoadOptions.ram_bytes in rust/model/mod.rs)",
-    strict=False,
-)
 @pytest.mark.parametrize("ram_gb", [1e-6, 1e9])
 def test_ram_budget_too_small_or_absurd(ram_gb):
     with pytest.raises((MemoryError, ValueError)) as ei:
@@ -341,7 +329,13 @@ _SIGINT_SCRIPT = textwrap.dedent(
         s.feed([0, 11, 12])
         interrupt_soon(0.5)
         t0 = time.monotonic()
-        out = s.generate([], max_new_tokens=100000, stop_ids=[])
+        try:
+            s.generate([], max_new_tokens=100000, stop_ids=[])
+            print("NOT INTERRUPTED")
+        except KeyboardInterrupt:
+            pass
+        # the tokens produced before Ctrl-C stay in the session
+        out = s.tokens[3:]
         dt = time.monotonic() - t0
         print("stopped after", len(out), "tokens in", round(dt, 2), "s")
         assert 0 < len(out) < 100000 and dt < 20, (len(out), dt)

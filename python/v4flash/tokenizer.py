@@ -87,7 +87,7 @@ class V4Tokenizer:
 
     def encode(self, text: str) -> List[int]:
         """Ids of ``text``; added tokens (``<｜User｜>``, …) in it match as single ids."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode(_check_text(text), add_special_tokens=False).ids
 
     def encode_plain(self, text: str) -> List[int]:
         """Ids of ``text`` as plain text: added-token strings become ordinary BPE pieces.
@@ -95,13 +95,19 @@ class V4Tokenizer:
         Runs the pre-tokenizer and the BPE model directly (this tokenizer has no normalizer),
         which is what :meth:`encode` does for text holding no added token.
         """
+        text = _check_text(text)
         pre = self._tok.pre_tokenizer
         pieces = pre.pre_tokenize_str(text) if pre is not None else [(text, None)]
         model = self._tok.model
         return [t.id for piece, _ in pieces for t in model.tokenize(piece)]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        ids = list(ids)
+        n = self._tok.get_vocab_size(with_added_tokens=True)
+        for i in ids:
+            if not 0 <= i < n:
+                raise ValueError(f"token id {i} is out of range for this tokenizer (0..{n - 1})")
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
@@ -183,3 +189,17 @@ class StreamDecoder:
     def pending(self) -> bool:
         """Whether bytes of an unfinished character are held back."""
         return bool(self._utf8.getstate()[0])
+
+
+def _check_text(text: str) -> str:
+    """Rejects what cannot be encoded as UTF-8 (lone surrogates) with a clear ValueError."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"text holds a lone surrogate at position {e.start} ({text[e.start]!r}); "
+            "it cannot be encoded as UTF-8"
+        ) from None
+    return text

@@ -105,6 +105,15 @@ pub enum Want {
 
 impl Model {
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
+        Self::load_cancellable(dir, opts, &|| false)
+    }
+
+    /// Like `load`, checking `cancel` between layers (Ctrl-C during a long load).
+    pub fn load_cancellable(
+        dir: &Path,
+        opts: &LoadOptions,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Model> {
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Arc::new(Checkpoint::open(dir)?);
         let threads = match opts.threads {
@@ -150,6 +159,9 @@ impl Model {
         let hc_head_scale = ld.floats("hc_head_scale", &[1])?[0];
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
+            if cancel() {
+                return Err(Error::Cancelled);
+            }
             layers.push(load_layer(&mut ld, c, l)?);
         }
         let resident_bytes = ld.loaded;

@@ -46,6 +46,9 @@ pub struct ShardFile {
     buffered: File,
     direct: Option<File>,
     direct_ok: AtomicBool,
+    /// Set after a failed read: from then on reads go through the checkpoint's own handle,
+    /// which reopens a shard that was restored after a fault.
+    degraded: AtomicBool,
 }
 
 impl ShardFile {
@@ -63,6 +66,7 @@ impl ShardFile {
             buffered,
             direct,
             direct_ok: AtomicBool::new(ok),
+            degraded: AtomicBool::new(false),
         })
     }
 
@@ -74,6 +78,14 @@ impl ShardFile {
             (Some(f), true) => (f.as_raw_fd(), true),
             _ => (self.buffered.as_raw_fd(), false),
         }
+    }
+
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
+    }
+
+    pub fn set_degraded(&self) {
+        self.degraded.store(true, Ordering::Relaxed);
     }
 
     pub fn is_direct(&self) -> bool {

@@ -159,6 +159,7 @@ pub struct StoreOptions {
 }
 
 struct Shared {
+    ck: Arc<Checkpoint>,
     files: Vec<ShardFile>,
     layouts: Vec<Layout>,
     region: Option<Arc<Region>>,
@@ -313,7 +314,7 @@ impl ExpertStore {
                 // SAFETY: the shard is opened read-only and never written by v4flash; a file
                 // truncated by another process while mapped is the documented mmap hazard of
                 // this opt-in mode (the default modes use positional reads).
-                let m = unsafe { memmap2::Mmap::map(&s.file) }
+                let m = unsafe { memmap2::Mmap::map(&*s.file()) }
                     .map_err(|e| Error::io(&s.path, "mmap shard", e))?;
                 maps.push(m);
             }
@@ -342,6 +343,7 @@ impl ExpertStore {
             })
             .collect();
         let sh = Arc::new(Shared {
+            ck: ck.clone(),
             files,
             layouts,
             region,
@@ -813,8 +815,32 @@ fn read_op(sh: &Shared, job: &Job, r: &ReadOp) -> Result<usize> {
     // SAFETY: the slot is Loading and owned by this job: no reader (not Ready) and no other
     // writer (a slot is handed to one job at a time); it was pre-faulted before being taken.
     let buf = unsafe { region.slot_mut(job.slot) };
-    sh.files[r.shard as usize].read_into(&mut buf[r.dst..], r.offset, r.len as usize)?;
-    Ok(r.len as usize)
+    let f = &sh.files[r.shard as usize];
+    let len = r.len as usize;
+    if !f.is_degraded() {
+        if f.read_into(&mut buf[r.dst..], r.offset, len).is_ok() {
+            return Ok(len);
+        }
+        f.set_degraded();
+    }
+    // the checkpoint's handle retries once on a reopened file (a shard restored after a fault)
+    let delta = (r.offset % ALIGN as u64) as usize;
+    sh.ck
+        .read_into(
+            r.shard as usize,
+            r.offset,
+            &mut buf[r.dst + delta..r.dst + delta + len],
+        )
+        .map_err(|e| {
+            let (layer, ex) = (
+                job.key as usize / sh.n_experts,
+                job.key as usize % sh.n_experts,
+            );
+            Error::Read(format!(
+                "reading expert layers.{layer}.ffn.experts.{ex}: {e}"
+            ))
+        })?;
+    Ok(len)
 }
 
 fn read_expert(sh: &Shared, job: &Job) -> Result<usize> {

@@ -73,6 +73,11 @@ pub fn uring_worker(sh: &Shared, rx: &Mutex<mpsc::Receiver<Job>>, mut ring: IoUr
                 t0: Instant::now(),
             });
             for r in &lay.reads {
+                if sh.files[r.shard as usize].is_degraded() || r.len > u32::MAX as u64 / 2 {
+                    // after a fault (or for an implausibly large range) use the portable path
+                    complete(sh, &mut jobs, ji, read_op(sh, &job, r));
+                    continue;
+                }
                 let (fd, direct) = sh.files[r.shard as usize].raw_fd();
                 let a = super::region::ALIGN as u64;
                 let delta = (r.offset % a) as usize;
