@@ -37,7 +37,8 @@ fn kernel_tier() -> &'static str {
 /// Opens a checkpoint directory and validates its file structure; returns the tensor count.
 #[pyfunction]
 fn open_checkpoint(py: Python<'_>, path: std::path::PathBuf) -> PyResult<usize> {
-    py.detach(|| crate::checkpoint::Checkpoint::open(&path).map(|c| c.len())).map_err(to_py)
+    py.detach(|| crate::checkpoint::Checkpoint::open(&path).map(|c| c.len()))
+        .map_err(to_py)
 }
 
 #[pymodule]

@@ -8,12 +8,24 @@
 //! - output rows are independent; threads split rows, so any thread count gives
 //!   bit-identical results;
 //! - `matmul` with n tokens gives, for every token, bit-identical results to `matmul` with
-//!   that token alone (the per-row accumulation order does not depend on n).
+//!   that token alone (the per-row accumulation order does not depend on n);
+//! - tiers may differ from each other at rounding level only.
+//!
+//! Tier selection: the best tier the CPU supports, decided once. `V4FLASH_KERNELS=portable|avx2|avx512`
+//! forces a tier; asking for one the CPU lacks (or an unknown name) prints a one-time warning
+//! on stderr and uses the best available tier instead. `tier_name()` reports the choice.
+//!
+//! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
+//! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
 
+mod driver;
 pub mod ops;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// A weight matrix [rows, cols] in one of the checkpoint's formats, borrowed.
 #[derive(Clone, Copy)]
@@ -50,7 +62,7 @@ impl<'a> MatRef<'a> {
                 (rows * cols, q.len(), "fp8 bytes")
             }
             Weights::Fp4 { q, scale } => {
-                if cols % 32 != 0 {
+                if !cols.is_multiple_of(32) {
                     return Err(format!("fp4 matrix needs cols % 32 == 0, got {cols}"));
                 }
                 if scale.len() != rows * cols / 32 {
@@ -89,7 +101,126 @@ pub fn matmul(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]
     );
     assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
     assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
-    portable::matmul(m, rows, x, n, y)
+    run(active_tier(), m, rows, x, n, y)
+}
+
+/// `matmul` on a given tier regardless of the override (for tests and benches).
+/// Errors if the CPU lacks the tier.
+pub fn matmul_tier(
+    tier: Tier,
+    m: &MatRef,
+    rows: Range<usize>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), String> {
+    if !tier.available() {
+        return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
+    }
+    assert!(
+        rows.end <= m.rows && rows.start <= rows.end,
+        "row range out of bounds"
+    );
+    assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
+    assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
+    run(tier, m, rows, x, n, y);
+    Ok(())
+}
+
+/// The only place that picks a tier's kernels; a tier type exists only once detected.
+fn run(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match tier {
+        Tier::Avx512 => {
+            if let Some(k) = x86::Avx512::detect() {
+                return driver::matmul(k, m, rows, x, n, y);
+            }
+        }
+        Tier::Avx2 => {
+            if let Some(k) = x86::Avx2::detect() {
+                return driver::matmul(k, m, rows, x, n, y);
+            }
+        }
+        Tier::Portable => {}
+    }
+    let _ = tier;
+    driver::matmul(portable::Portable, m, rows, x, n, y)
+}
+
+/// A kernel tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Tier {
+    /// All tiers, best first.
+    pub const ALL: [Tier; 3] = [Tier::Avx512, Tier::Avx2, Tier::Portable];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Portable => "portable",
+            Tier::Avx2 => "avx2",
+            Tier::Avx512 => "avx512",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Tier> {
+        Tier::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// Whether this CPU can run the tier.
+    pub fn available(self) -> bool {
+        match self {
+            Tier::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => x86::Avx2::detect().is_some(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => x86::Avx512::detect().is_some(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The best tier this CPU supports.
+    pub fn best() -> Tier {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.available())
+            .unwrap_or(Tier::Portable)
+    }
+}
+
+/// The tier `matmul` uses: `V4FLASH_KERNELS` if set and available, else the best one.
+pub fn active_tier() -> Tier {
+    static ACTIVE: OnceLock<Tier> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let best = Tier::best();
+        match std::env::var("V4FLASH_KERNELS") {
+            Err(_) => best,
+            Ok(s) if s.is_empty() => best,
+            Ok(s) => match Tier::from_name(&s) {
+                Some(t) if t.available() => t,
+                Some(t) => {
+                    eprintln!(
+                        "v4flash: V4FLASH_KERNELS={s}: this CPU lacks the {} tier, using {}",
+                        t.name(),
+                        best.name()
+                    );
+                    best
+                }
+                None => {
+                    eprintln!(
+                        "v4flash: V4FLASH_KERNELS={s} is not one of portable|avx2|avx512, using {}",
+                        best.name()
+                    );
+                    best
+                }
+            },
+        }
+    })
 }
 
 /// y[rows] = W x.
@@ -99,5 +230,8 @@ pub fn matvec(m: &MatRef, x: &[f32], y: &mut [f32]) {
 
 /// The kernel tier in use (decided once).
 pub fn tier_name() -> &'static str {
-    "portable"
+    active_tier().name()
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,305 @@
+//! AVX2 + FMA + F16C tier: 8 f32 lanes.
+//!
+//! FP8 goes through f16 like the AVX-512 tier (`vcvtph2ps` from F16C). FP4: `vpermps` picks
+//! the scaled magnitude from an 8-entry table by the low 3 bits of the nibble, and the
+//! nibble's sign bit is moved to bit 31 and xored in. Column groups are 16 wide
+//! ([8 even, 8 odd]), matching `prep_x` with 8 lanes.
+
+use super::super::driver::{Kernel, Rows, RowsView};
+use crate::dtype::{e8m0_to_f32, E2M1_LUT};
+use std::arch::x86_64::*;
+
+/// Proof that the CPU has this tier's features; only `detect` creates one.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2(());
+
+impl Avx2 {
+    pub(crate) fn detect() -> Option<Self> {
+        let ok = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        ok.then_some(Avx2(()))
+    }
+}
+
+impl Kernel for Avx2 {
+    const LANES: usize = 8;
+
+    fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]) {
+        // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
+        unsafe { dot_x1(w, xp, out) }
+    }
+
+    fn decode(self, w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+        // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
+        unsafe { decode(w, cp, wbuf) }
+    }
+
+    fn gemm(self, wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+        // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
+        unsafe { gemm(wbuf, nrows, cp, xp, n, out) }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld(s: &[f32], i: usize) -> __m256 {
+    let s = &s[i..i + 8];
+    // SAFETY: `s` holds 8 f32.
+    unsafe { _mm256_loadu_ps(s.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn st(s: &mut [f32], i: usize, v: __m256) {
+    let s = &mut s[i..i + 8];
+    // SAFETY: `s` holds 8 f32.
+    unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld8b(s: &[u8], i: usize) -> __m128i {
+    let s = &s[i..i + 8];
+    // SAFETY: `s` holds 8 bytes; unaligned 64-bit load.
+    unsafe { _mm_loadl_epi64(s.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld16b(s: &[u8], i: usize) -> __m128i {
+    let s = &s[i..i + 16];
+    // SAFETY: `s` holds 16 bytes; unaligned load.
+    unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
+}
+
+/// The last partial chunk of a row, zero padded to `N` bytes.
+#[inline]
+fn tail<const N: usize>(s: &[u8]) -> [u8; N] {
+    let mut b = [0u8; N];
+    b[..s.len()].copy_from_slice(s);
+    b
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn fp8x8(b: __m128i) -> __m256 {
+    let s = _mm_cvtepi8_epi16(b);
+    let h = _mm_and_si128(_mm_slli_epi16::<7>(s), _mm_set1_epi16(0xBF80u16 as i16));
+    _mm256_cvtph_ps(h)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bf16x8(b: __m128i) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(b)))
+}
+
+/// Chunk c (8 columns) of a row of `cols` columns, decoded; the last one zero padded.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn chunk(rows: Rows, r: usize, cols: usize, c: usize) -> __m256 {
+    let j = c * 8;
+    let full = j + 8 <= cols;
+    match rows {
+        Rows::F32(d) => {
+            let row = &d[r * cols..(r + 1) * cols];
+            if full {
+                ld(row, j)
+            } else {
+                let mut b = [0f32; 8];
+                b[..cols - j].copy_from_slice(&row[j..]);
+                ld(&b, 0)
+            }
+        }
+        Rows::Bf16(d) => {
+            let row = &d[r * cols * 2..(r + 1) * cols * 2];
+            if full {
+                bf16x8(ld16b(row, 2 * j))
+            } else {
+                bf16x8(ld16b(&tail::<16>(&row[2 * j..]), 0))
+            }
+        }
+        Rows::Fp8(q) => {
+            let row = &q[r * cols..(r + 1) * cols];
+            if full {
+                fp8x8(ld8b(row, j))
+            } else {
+                fp8x8(ld8b(&tail::<8>(&row[j..]), 0))
+            }
+        }
+        Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
+    }
+}
+
+/// Columns 16g..16g+16 of an FP4 row: (even columns, odd columns), scaled.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fp4_pair(
+    q: &[u8],
+    scale: &[u8],
+    r: usize,
+    cols: usize,
+    g: usize,
+    mag: __m256,
+) -> (__m256, __m256) {
+    let s = _mm256_set1_ps(e8m0_to_f32(scale[r * cols / 32 + g / 2]));
+    let t = _mm256_mul_ps(mag, s);
+    let b = _mm256_cvtepu8_epi32(ld8b(q, r * cols / 2 + g * 8));
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let slo = _mm256_and_si256(_mm256_slli_epi32::<28>(b), sign);
+    let shi = _mm256_and_si256(_mm256_slli_epi32::<24>(b), sign);
+    let lo = _mm256_permutevar8x32_ps(t, b);
+    let hi = _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<4>(b));
+    (
+        _mm256_xor_ps(lo, _mm256_castsi256_ps(slo)),
+        _mm256_xor_ps(hi, _mm256_castsi256_ps(shi)),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum(v: __m256) -> f32 {
+    let b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mag_table() -> __m256 {
+    // SAFETY: E2M1_LUT holds 16 f32; the first 8 are the magnitudes.
+    unsafe { _mm256_loadu_ps(E2M1_LUT.as_ptr()) }
+}
+
+/// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
+    let cols = w.cols;
+    let mut acc = [_mm256_setzero_ps(); R];
+    if let Rows::Fp4 { q, scale } = w.rows {
+        let mag = mag_table();
+        for g in 0..cols / 16 {
+            let xe = ld(xp, 16 * g);
+            let xo = ld(xp, 16 * g + 8);
+            for k in 0..R {
+                let (lo, hi) = fp4_pair(q, scale, r0 + k, cols, g, mag);
+                acc[k] = _mm256_fmadd_ps(lo, xe, acc[k]);
+                acc[k] = _mm256_fmadd_ps(hi, xo, acc[k]);
+            }
+        }
+    } else {
+        for c in 0..cols.div_ceil(8) {
+            let xv = ld(xp, 8 * c);
+            for k in 0..R {
+                acc[k] = _mm256_fmadd_ps(chunk(w.rows, r0 + k, cols, c), xv, acc[k]);
+            }
+        }
+    }
+    let mut out = [0f32; R];
+    for k in 0..R {
+        out[k] = hsum(acc[k]);
+    }
+    out
+}
+
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_x1(w: &RowsView, xp: &[f32], out: &mut [f32]) {
+    let mut r = 0;
+    while r + 4 <= w.nrows {
+        out[r..r + 4].copy_from_slice(&rows_x1::<4>(w, r, xp));
+        r += 4;
+    }
+    while r < w.nrows {
+        out[r] = rows_x1::<1>(w, r, xp)[0];
+        r += 1;
+    }
+}
+
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode(w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+    let cols = w.cols;
+    for r in 0..w.nrows {
+        let row = &mut wbuf[r * cp..(r + 1) * cp];
+        if let Rows::Fp4 { q, scale } = w.rows {
+            let mag = mag_table();
+            for g in 0..cols / 16 {
+                let (lo, hi) = fp4_pair(q, scale, r, cols, g, mag);
+                st(row, 16 * g, lo);
+                st(row, 16 * g + 8, hi);
+            }
+        } else {
+            for c in 0..cp / 8 {
+                st(row, 8 * c, chunk(w.rows, r, cols, c));
+            }
+        }
+    }
+}
+
+/// R rows x T tokens of the prefill product, each (row, token) one FMA chain as in `rows_x1`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn tile<const R: usize, const T: usize>(
+    wbuf: &[f32],
+    r0: usize,
+    cp: usize,
+    xp: &[f32],
+    t0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for c in 0..cp / 8 {
+        let mut xv = [_mm256_setzero_ps(); T];
+        for t in 0..T {
+            xv[t] = ld(xp, (t0 + t) * cp + 8 * c);
+        }
+        for k in 0..R {
+            let wv = ld(wbuf, (r0 + k) * cp + 8 * c);
+            for t in 0..T {
+                acc[k][t] = _mm256_fmadd_ps(wv, xv[t], acc[k][t]);
+            }
+        }
+    }
+    for k in 0..R {
+        for t in 0..T {
+            out[(r0 + k) * n + t0 + t] = hsum(acc[k][t]);
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support avx2 and fma.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm(wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+    let mut r = 0;
+    while r + 4 <= nrows {
+        let mut t = 0;
+        while t + 3 <= n {
+            tile::<4, 3>(wbuf, r, cp, xp, t, n, out);
+            t += 3;
+        }
+        while t < n {
+            tile::<4, 1>(wbuf, r, cp, xp, t, n, out);
+            t += 1;
+        }
+        r += 4;
+    }
+    while r < nrows {
+        let mut t = 0;
+        while t + 3 <= n {
+            tile::<1, 3>(wbuf, r, cp, xp, t, n, out);
+            t += 3;
+        }
+        while t < n {
+            tile::<1, 1>(wbuf, r, cp, xp, t, n, out);
+            t += 1;
+        }
+        r += 1;
+    }
+}

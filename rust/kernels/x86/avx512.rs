@@ -1,0 +1,304 @@
+//! AVX-512 tier (avx512f/bw/vl + f16c): 16 f32 lanes.
+//!
+//! FP8: 16 bytes sign-extended to 16-bit lanes, `(s << 7) & 0xBF80` is the f16 of e4m3/256
+//! (subnormals included, no f32 denormals), then `vcvtph2ps`. FP4: the 16-entry E2M1 table
+//! times the block scale sits in one register and `vpermps` picks by nibble. Four rows share
+//! each x load in the one-token path; the prefill micro-kernel runs 4 rows x 3 tokens.
+
+use super::super::driver::{Kernel, Rows, RowsView};
+use crate::dtype::{e8m0_to_f32, E2M1_LUT};
+use std::arch::x86_64::*;
+
+/// Proof that the CPU has this tier's features; only `detect` creates one.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    pub(crate) fn detect() -> Option<Self> {
+        let ok = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        ok.then_some(Avx512(()))
+    }
+}
+
+impl Kernel for Avx512 {
+    const LANES: usize = 16;
+
+    fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]) {
+        // SAFETY: `self` exists, so `detect` found avx512f/bw/vl, avx2, fma and f16c.
+        unsafe { dot_x1(w, xp, out) }
+    }
+
+    fn decode(self, w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+        // SAFETY: `self` exists, so `detect` found avx512f/bw/vl, avx2, fma and f16c.
+        unsafe { decode(w, cp, wbuf) }
+    }
+
+    fn gemm(self, wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+        // SAFETY: `self` exists, so `detect` found avx512f/bw/vl, avx2, fma and f16c.
+        unsafe { gemm(wbuf, nrows, cp, xp, n, out) }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn ld(s: &[f32], i: usize) -> __m512 {
+    let s = &s[i..i + 16];
+    // SAFETY: `s` holds 16 f32.
+    unsafe { _mm512_loadu_ps(s.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn st(s: &mut [f32], i: usize, v: __m512) {
+    let s = &mut s[i..i + 16];
+    // SAFETY: `s` holds 16 f32.
+    unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld16b(s: &[u8], i: usize) -> __m128i {
+    let s = &s[i..i + 16];
+    // SAFETY: `s` holds 16 bytes; unaligned load.
+    unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld32b(s: &[u8], i: usize) -> __m256i {
+    let s = &s[i..i + 32];
+    // SAFETY: `s` holds 32 bytes; unaligned load.
+    unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+}
+
+/// The last partial chunk of a row, zero padded to `N` bytes.
+#[inline]
+fn tail<const N: usize>(s: &[u8]) -> [u8; N] {
+    let mut b = [0u8; N];
+    b[..s.len()].copy_from_slice(s);
+    b
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+fn fp8x16(b: __m128i) -> __m512 {
+    let s = _mm256_cvtepi8_epi16(b);
+    let h = _mm256_and_si256(
+        _mm256_slli_epi16::<7>(s),
+        _mm256_set1_epi16(0xBF80u16 as i16),
+    );
+    _mm512_cvtph_ps(h)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn bf16x16(b: __m256i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b)))
+}
+
+/// Chunk c (16 columns) of a row of `cols` columns, decoded; the last one zero padded.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+fn chunk(rows: Rows, r: usize, cols: usize, c: usize) -> __m512 {
+    let j = c * 16;
+    let full = j + 16 <= cols;
+    match rows {
+        Rows::F32(d) => {
+            let row = &d[r * cols..(r + 1) * cols];
+            if full {
+                ld(row, j)
+            } else {
+                let mut b = [0f32; 16];
+                b[..cols - j].copy_from_slice(&row[j..]);
+                ld(&b, 0)
+            }
+        }
+        Rows::Bf16(d) => {
+            let row = &d[r * cols * 2..(r + 1) * cols * 2];
+            if full {
+                bf16x16(ld32b(row, 2 * j))
+            } else {
+                bf16x16(ld32b(&tail::<32>(&row[2 * j..]), 0))
+            }
+        }
+        Rows::Fp8(q) => {
+            let row = &q[r * cols..(r + 1) * cols];
+            if full {
+                fp8x16(ld16b(row, j))
+            } else {
+                fp8x16(ld16b(&tail::<16>(&row[j..]), 0))
+            }
+        }
+        Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
+    }
+}
+
+/// Columns 32g..32g+32 of an FP4 row: (even columns, odd columns), scaled.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn fp4_pair(
+    q: &[u8],
+    scale: &[u8],
+    r: usize,
+    cols: usize,
+    g: usize,
+    lut: __m512,
+) -> (__m512, __m512) {
+    let s = _mm512_set1_ps(e8m0_to_f32(scale[r * cols / 32 + g]));
+    let t = _mm512_mul_ps(lut, s);
+    let b = _mm512_cvtepu8_epi32(ld16b(q, r * cols / 2 + g * 16));
+    let lo = _mm512_permutexvar_ps(b, t);
+    let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), t);
+    (lo, hi)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum(v: __m512) -> f32 {
+    let a = _mm256_add_ps(
+        _mm512_castps512_ps256(v),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+    );
+    let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
+}
+
+/// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
+    let cols = w.cols;
+    let mut acc = [_mm512_setzero_ps(); R];
+    if let Rows::Fp4 { q, scale } = w.rows {
+        // SAFETY: E2M1_LUT holds 16 f32.
+        let lut = unsafe { _mm512_loadu_ps(E2M1_LUT.as_ptr()) };
+        for g in 0..cols / 32 {
+            let xe = ld(xp, 32 * g);
+            let xo = ld(xp, 32 * g + 16);
+            for k in 0..R {
+                let (lo, hi) = fp4_pair(q, scale, r0 + k, cols, g, lut);
+                acc[k] = _mm512_fmadd_ps(lo, xe, acc[k]);
+                acc[k] = _mm512_fmadd_ps(hi, xo, acc[k]);
+            }
+        }
+    } else {
+        for c in 0..cols.div_ceil(16) {
+            let xv = ld(xp, 16 * c);
+            for k in 0..R {
+                acc[k] = _mm512_fmadd_ps(chunk(w.rows, r0 + k, cols, c), xv, acc[k]);
+            }
+        }
+    }
+    let mut out = [0f32; R];
+    for k in 0..R {
+        out[k] = hsum(acc[k]);
+    }
+    out
+}
+
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, avx2, fma and f16c.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn dot_x1(w: &RowsView, xp: &[f32], out: &mut [f32]) {
+    let mut r = 0;
+    while r + 4 <= w.nrows {
+        out[r..r + 4].copy_from_slice(&rows_x1::<4>(w, r, xp));
+        r += 4;
+    }
+    while r < w.nrows {
+        out[r] = rows_x1::<1>(w, r, xp)[0];
+        r += 1;
+    }
+}
+
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, avx2, fma and f16c.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn decode(w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+    let cols = w.cols;
+    for r in 0..w.nrows {
+        let row = &mut wbuf[r * cp..(r + 1) * cp];
+        if let Rows::Fp4 { q, scale } = w.rows {
+            // SAFETY: E2M1_LUT holds 16 f32.
+            let lut = unsafe { _mm512_loadu_ps(E2M1_LUT.as_ptr()) };
+            for g in 0..cols / 32 {
+                let (lo, hi) = fp4_pair(q, scale, r, cols, g, lut);
+                st(row, 32 * g, lo);
+                st(row, 32 * g + 16, hi);
+            }
+        } else {
+            for c in 0..cp / 16 {
+                st(row, 16 * c, chunk(w.rows, r, cols, c));
+            }
+        }
+    }
+}
+
+/// R rows x T tokens of the prefill product, each (row, token) one FMA chain as in `rows_x1`.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+fn tile<const R: usize, const T: usize>(
+    wbuf: &[f32],
+    r0: usize,
+    cp: usize,
+    xp: &[f32],
+    t0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for c in 0..cp / 16 {
+        let mut xv = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            xv[t] = ld(xp, (t0 + t) * cp + 16 * c);
+        }
+        for k in 0..R {
+            let wv = ld(wbuf, (r0 + k) * cp + 16 * c);
+            for t in 0..T {
+                acc[k][t] = _mm512_fmadd_ps(wv, xv[t], acc[k][t]);
+            }
+        }
+    }
+    for k in 0..R {
+        for t in 0..T {
+            out[(r0 + k) * n + t0 + t] = hsum(acc[k][t]);
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support avx512f and fma.
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn gemm(wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+    let mut r = 0;
+    while r + 4 <= nrows {
+        let mut t = 0;
+        while t + 3 <= n {
+            tile::<4, 3>(wbuf, r, cp, xp, t, n, out);
+            t += 3;
+        }
+        while t < n {
+            tile::<4, 1>(wbuf, r, cp, xp, t, n, out);
+            t += 1;
+        }
+        r += 4;
+    }
+    while r < nrows {
+        let mut t = 0;
+        while t + 3 <= n {
+            tile::<1, 3>(wbuf, r, cp, xp, t, n, out);
+            t += 3;
+        }
+        while t < n {
+            tile::<1, 1>(wbuf, r, cp, xp, t, n, out);
+            t += 1;
+        }
+        r += 1;
+    }
+}
