@@ -147,6 +147,29 @@ fn run(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut 
     driver::matmul(portable::Portable, m, rows, x, n, y)
 }
 
+/// Benchmark support: runs a register-only multiply-add loop on `tier` and returns
+/// (a value to keep the loop alive, f32 flops performed), or None if the CPU lacks the tier.
+/// The ratio flops / time is the tier's arithmetic peak on one thread.
+pub fn fma_probe(tier: Tier, iters: usize) -> Option<(f32, u64)> {
+    if !tier.available() {
+        return None;
+    }
+    let it = iters as u64;
+    #[cfg(target_arch = "x86_64")]
+    match tier {
+        Tier::Avx512 => {
+            // SAFETY: `available` detected avx512f (and fma) just above.
+            return Some((unsafe { x86::fma_probe_avx512(iters) }, it * 16 * 16 * 2));
+        }
+        Tier::Avx2 => {
+            // SAFETY: `available` detected avx2 and fma just above.
+            return Some((unsafe { x86::fma_probe_avx2(iters) }, it * 12 * 8 * 2));
+        }
+        Tier::Portable => {}
+    }
+    Some((portable::fma_probe(iters), it * 8 * 16 * 2))
+}
+
 /// A kernel tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {

@@ -128,3 +128,16 @@ fn hsum(mut a: [f32; L]) -> f32 {
     }
     a[0]
 }
+
+/// Register-only multiply-add loop (the portable tier's "FMA" is mul + add): 8 x 16 lanes.
+pub(crate) fn fma_probe(iters: usize) -> f32 {
+    let mut acc = [[1f32; L]; 8];
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            for l in 0..L {
+                v[l] = v[l] * 0.999_999 + 1e-7;
+            }
+        }
+    }
+    acc.iter().map(|v| hsum(*v)).sum()
+}

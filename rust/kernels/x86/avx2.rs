@@ -303,3 +303,24 @@ unsafe fn gemm(wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out:
         r += 1;
     }
 }
+
+/// Register-only FMA loop for the benchmark's peak: 12 independent chains.
+///
+/// # Safety
+/// The CPU must support avx2 and fma.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn fma_probe(iters: usize) -> f32 {
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    let a = _mm256_set1_ps(0.999_999);
+    let b = _mm256_set1_ps(1e-7);
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm256_fmadd_ps(*v, a, b);
+        }
+    }
+    let mut s = _mm256_setzero_ps();
+    for v in acc {
+        s = _mm256_add_ps(s, v);
+    }
+    hsum(s)
+}

@@ -170,29 +170,94 @@ fn hsum(v: __m512) -> f32 {
 }
 
 /// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
+/// The full chunks run on raw pointers (bounds checked once up front); the last partial
+/// chunk goes through `chunk`, which decodes exactly like `decode`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
     let cols = w.cols;
+    let full = cols / 16;
+    assert!(xp.len() >= cols.div_ceil(16) * 16 && r0 + R <= w.nrows);
+    let xpp = xp.as_ptr();
     let mut acc = [_mm512_setzero_ps(); R];
-    if let Rows::Fp4 { q, scale } = w.rows {
-        // SAFETY: E2M1_LUT holds 16 f32.
-        let lut = unsafe { _mm512_loadu_ps(E2M1_LUT.as_ptr()) };
-        for g in 0..cols / 32 {
-            let xe = ld(xp, 32 * g);
-            let xo = ld(xp, 32 * g + 16);
-            for k in 0..R {
-                let (lo, hi) = fp4_pair(q, scale, r0 + k, cols, g, lut);
-                acc[k] = _mm512_fmadd_ps(lo, xe, acc[k]);
-                acc[k] = _mm512_fmadd_ps(hi, xo, acc[k]);
+    match w.rows {
+        Rows::Fp4 { q, scale } => {
+            assert!(q.len() >= (r0 + R) * cols / 2 && scale.len() >= (r0 + R) * cols / 32);
+            // SAFETY: E2M1_LUT holds 16 f32.
+            let lut = unsafe { _mm512_loadu_ps(E2M1_LUT.as_ptr()) };
+            let qp = q[r0 * cols / 2..].as_ptr();
+            let sp = &scale[r0 * cols / 32..];
+            for g in 0..cols / 32 {
+                // SAFETY: g < cols / 32, so xp[32g..32g + 32] is inside xp (len >= cols).
+                let (xe, xo) = unsafe {
+                    (
+                        _mm512_loadu_ps(xpp.add(32 * g)),
+                        _mm512_loadu_ps(xpp.add(32 * g + 16)),
+                    )
+                };
+                for k in 0..R {
+                    let t = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_to_f32(sp[k * cols / 32 + g])));
+                    // SAFETY: row k's bytes 16g..16g + 16 lie within its cols / 2 bytes, inside q
+                    // (asserted above).
+                    let b = unsafe { _mm_loadu_si128(qp.add(k * cols / 2 + 16 * g).cast()) };
+                    let b = _mm512_cvtepu8_epi32(b);
+                    let lo = _mm512_permutexvar_ps(b, t);
+                    let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), t);
+                    acc[k] = _mm512_fmadd_ps(lo, xe, acc[k]);
+                    acc[k] = _mm512_fmadd_ps(hi, xo, acc[k]);
+                }
             }
         }
-    } else {
-        for c in 0..cols.div_ceil(16) {
-            let xv = ld(xp, 16 * c);
-            for k in 0..R {
-                acc[k] = _mm512_fmadd_ps(chunk(w.rows, r0 + k, cols, c), xv, acc[k]);
+        Rows::Fp8(q) => {
+            assert!(q.len() >= (r0 + R) * cols);
+            let qp = q[r0 * cols..].as_ptr();
+            for c in 0..full {
+                // SAFETY: 16c + 16 <= cols, so the x chunk is inside xp and each row's 16
+                // bytes lie inside that row (rows asserted inside q above).
+                unsafe {
+                    let xv = _mm512_loadu_ps(xpp.add(16 * c));
+                    for k in 0..R {
+                        let b = _mm_loadu_si128(qp.add(k * cols + 16 * c).cast());
+                        acc[k] = _mm512_fmadd_ps(fp8x16(b), xv, acc[k]);
+                    }
+                }
             }
+        }
+        Rows::Bf16(d) => {
+            assert!(d.len() >= (r0 + R) * cols * 2);
+            let dp = d[r0 * cols * 2..].as_ptr();
+            for c in 0..full {
+                // SAFETY: 16c + 16 <= cols, so the x chunk is inside xp and each row's 32
+                // bytes lie inside that row (rows asserted inside d above).
+                unsafe {
+                    let xv = _mm512_loadu_ps(xpp.add(16 * c));
+                    for k in 0..R {
+                        let b = _mm256_loadu_si256(dp.add(2 * (k * cols + 16 * c)).cast());
+                        acc[k] = _mm512_fmadd_ps(bf16x16(b), xv, acc[k]);
+                    }
+                }
+            }
+        }
+        Rows::F32(d) => {
+            assert!(d.len() >= (r0 + R) * cols);
+            let dp = d[r0 * cols..].as_ptr();
+            for c in 0..full {
+                // SAFETY: 16c + 16 <= cols, so the x chunk is inside xp and each row's 16
+                // floats lie inside that row (rows asserted inside d above).
+                unsafe {
+                    let xv = _mm512_loadu_ps(xpp.add(16 * c));
+                    for k in 0..R {
+                        let wv = _mm512_loadu_ps(dp.add(k * cols + 16 * c));
+                        acc[k] = _mm512_fmadd_ps(wv, xv, acc[k]);
+                    }
+                }
+            }
+        }
+    }
+    if !matches!(w.rows, Rows::Fp4 { .. }) && full * 16 < cols {
+        let xv = ld(xp, 16 * full);
+        for k in 0..R {
+            acc[k] = _mm512_fmadd_ps(chunk(w.rows, r0 + k, cols, full), xv, acc[k]);
         }
     }
     let mut out = [0f32; R];
@@ -240,7 +305,13 @@ unsafe fn decode(w: &RowsView, cp: usize, wbuf: &mut [f32]) {
     }
 }
 
-/// R rows x T tokens of the prefill product, each (row, token) one FMA chain as in `rows_x1`.
+/// Columns per panel in the prefill path: 8 rows x 512 f32 = 16 KiB of decoded weights
+/// stay in L1 while every token tile passes over them.
+const PANEL: usize = 512;
+
+/// R rows x T tokens over chunks c0..c1 of the prefill product. Each (row, token) keeps
+/// its accumulator vector in `accs` ([rows, n, 16]) between panels, so its FMA chain is the
+/// same as in `rows_x1`.
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
 fn tile<const R: usize, const T: usize>(
@@ -250,24 +321,37 @@ fn tile<const R: usize, const T: usize>(
     xp: &[f32],
     t0: usize,
     n: usize,
-    out: &mut [f32],
+    (c0, c1): (usize, usize),
+    accs: &mut [f32],
 ) {
+    assert!(r0 + R <= wbuf.len() / cp && t0 + T <= n && c1 * 16 <= cp);
+    assert!(xp.len() >= n * cp && accs.len() >= wbuf.len() / cp * n * 16);
+    let (wp, xpp, ap) = (wbuf.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
     let mut acc = [[_mm512_setzero_ps(); T]; R];
-    for c in 0..cp / 16 {
-        let mut xv = [_mm512_setzero_ps(); T];
-        for t in 0..T {
-            xv[t] = ld(xp, (t0 + t) * cp + 16 * c);
-        }
+    // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
+    // cp / 16, and accs holds [rows, n, 16] f32, so every pointer below is in bounds.
+    unsafe {
         for k in 0..R {
-            let wv = ld(wbuf, (r0 + k) * cp + 16 * c);
             for t in 0..T {
-                acc[k][t] = _mm512_fmadd_ps(wv, xv[t], acc[k][t]);
+                acc[k][t] = _mm512_loadu_ps(ap.add(((r0 + k) * n + t0 + t) * 16));
             }
         }
-    }
-    for k in 0..R {
-        for t in 0..T {
-            out[(r0 + k) * n + t0 + t] = hsum(acc[k][t]);
+        for c in c0..c1 {
+            let mut xv = [_mm512_setzero_ps(); T];
+            for t in 0..T {
+                xv[t] = _mm512_loadu_ps(xpp.add((t0 + t) * cp + 16 * c));
+            }
+            for k in 0..R {
+                let wv = _mm512_loadu_ps(wp.add((r0 + k) * cp + 16 * c));
+                for t in 0..T {
+                    acc[k][t] = _mm512_fmadd_ps(wv, xv[t], acc[k][t]);
+                }
+            }
+        }
+        for k in 0..R {
+            for t in 0..T {
+                _mm512_storeu_ps(ap.add(((r0 + k) * n + t0 + t) * 16), acc[k][t]);
+            }
         }
     }
 }
@@ -276,29 +360,59 @@ fn tile<const R: usize, const T: usize>(
 /// The CPU must support avx512f and fma.
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn gemm(wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
-    let mut r = 0;
-    while r + 4 <= nrows {
-        let mut t = 0;
-        while t + 3 <= n {
-            tile::<4, 3>(wbuf, r, cp, xp, t, n, out);
-            t += 3;
+    let mut accs = vec![0f32; nrows * n * 16];
+    let mut c0 = 0;
+    while c0 < cp / 16 {
+        let cs = (c0, (c0 + PANEL / 16).min(cp / 16));
+        let mut r = 0;
+        while r + 8 <= nrows {
+            let mut t = 0;
+            while t + 3 <= n {
+                tile::<8, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 3;
+            }
+            while t < n {
+                tile::<8, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 1;
+            }
+            r += 8;
         }
-        while t < n {
-            tile::<4, 1>(wbuf, r, cp, xp, t, n, out);
-            t += 1;
+        while r < nrows {
+            let mut t = 0;
+            while t + 3 <= n {
+                tile::<1, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 3;
+            }
+            while t < n {
+                tile::<1, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 1;
+            }
+            r += 1;
         }
-        r += 4;
+        c0 = cs.1;
     }
-    while r < nrows {
-        let mut t = 0;
-        while t + 3 <= n {
-            tile::<1, 3>(wbuf, r, cp, xp, t, n, out);
-            t += 3;
-        }
-        while t < n {
-            tile::<1, 1>(wbuf, r, cp, xp, t, n, out);
-            t += 1;
-        }
-        r += 1;
+    for (o, a) in out.iter_mut().zip(accs.chunks_exact(16)) {
+        *o = hsum(ld(a, 0));
     }
+}
+
+/// Register-only FMA loop for the benchmark's peak: 16 independent chains.
+///
+/// # Safety
+/// The CPU must support avx512f and fma.
+#[target_feature(enable = "avx512f,fma")]
+pub(crate) unsafe fn fma_probe(iters: usize) -> f32 {
+    let mut acc = [_mm512_set1_ps(1.0); 16];
+    let a = _mm512_set1_ps(0.999_999);
+    let b = _mm512_set1_ps(1e-7);
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, a, b);
+        }
+    }
+    let mut s = _mm512_setzero_ps();
+    for v in acc {
+        s = _mm512_add_ps(s, v);
+    }
+    hsum(s)
 }

@@ -3,5 +3,5 @@
 mod avx2;
 mod avx512;
 
-pub(crate) use avx2::Avx2;
-pub(crate) use avx512::Avx512;
+pub(crate) use avx2::{fma_probe as fma_probe_avx2, Avx2};
+pub(crate) use avx512::{fma_probe as fma_probe_avx512, Avx512};
