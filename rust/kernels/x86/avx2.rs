@@ -173,28 +173,99 @@ fn mag_table() -> __m256 {
 }
 
 /// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
+/// The full chunks run on raw pointers (bounds checked once up front); the last partial
+/// chunk goes through `chunk`, which decodes exactly like `decode`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
     let cols = w.cols;
+    let full = cols / 8;
+    assert!(xp.len() >= cols.div_ceil(8) * 8 && r0 + R <= w.nrows);
+    let xpp = xp.as_ptr();
     let mut acc = [_mm256_setzero_ps(); R];
-    if let Rows::Fp4 { q, scale } = w.rows {
-        let mag = mag_table();
-        for g in 0..cols / 16 {
-            let xe = ld(xp, 16 * g);
-            let xo = ld(xp, 16 * g + 8);
-            for k in 0..R {
-                let (lo, hi) = fp4_pair(q, scale, r0 + k, cols, g, mag);
-                acc[k] = _mm256_fmadd_ps(lo, xe, acc[k]);
-                acc[k] = _mm256_fmadd_ps(hi, xo, acc[k]);
+    match w.rows {
+        Rows::Fp4 { q, scale } => {
+            assert!(q.len() >= (r0 + R) * cols / 2 && scale.len() >= (r0 + R) * cols / 32);
+            let mag = mag_table();
+            let sign = _mm256_set1_epi32(i32::MIN);
+            let qp = q[r0 * cols / 2..].as_ptr();
+            let sp = &scale[r0 * cols / 32..];
+            for g in 0..cols / 16 {
+                // SAFETY: g < cols / 16, so xp[16g..16g + 16] is inside xp (len >= cols).
+                let (xe, xo) = unsafe {
+                    (
+                        _mm256_loadu_ps(xpp.add(16 * g)),
+                        _mm256_loadu_ps(xpp.add(16 * g + 8)),
+                    )
+                };
+                for k in 0..R {
+                    let s = _mm256_set1_ps(e8m0_to_f32(sp[k * cols / 32 + g / 2]));
+                    let t = _mm256_mul_ps(mag, s);
+                    // SAFETY: row k's bytes 8g..8g + 8 lie within its cols / 2 bytes, inside q
+                    // (asserted above).
+                    let b = unsafe { _mm_loadl_epi64(qp.add(k * cols / 2 + 8 * g).cast()) };
+                    let b = _mm256_cvtepu8_epi32(b);
+                    let slo = _mm256_and_si256(_mm256_slli_epi32::<28>(b), sign);
+                    let shi = _mm256_and_si256(_mm256_slli_epi32::<24>(b), sign);
+                    let lo = _mm256_permutevar8x32_ps(t, b);
+                    let hi = _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<4>(b));
+                    let lo = _mm256_xor_ps(lo, _mm256_castsi256_ps(slo));
+                    let hi = _mm256_xor_ps(hi, _mm256_castsi256_ps(shi));
+                    acc[k] = _mm256_fmadd_ps(lo, xe, acc[k]);
+                    acc[k] = _mm256_fmadd_ps(hi, xo, acc[k]);
+                }
             }
         }
-    } else {
-        for c in 0..cols.div_ceil(8) {
-            let xv = ld(xp, 8 * c);
-            for k in 0..R {
-                acc[k] = _mm256_fmadd_ps(chunk(w.rows, r0 + k, cols, c), xv, acc[k]);
+        Rows::Fp8(q) => {
+            assert!(q.len() >= (r0 + R) * cols);
+            let qp = q[r0 * cols..].as_ptr();
+            for c in 0..full {
+                // SAFETY: 8c + 8 <= cols, so the x chunk is inside xp and each row's 8
+                // bytes lie inside that row (rows asserted inside q above).
+                unsafe {
+                    let xv = _mm256_loadu_ps(xpp.add(8 * c));
+                    for k in 0..R {
+                        let b = _mm_loadl_epi64(qp.add(k * cols + 8 * c).cast());
+                        acc[k] = _mm256_fmadd_ps(fp8x8(b), xv, acc[k]);
+                    }
+                }
             }
+        }
+        Rows::Bf16(d) => {
+            assert!(d.len() >= (r0 + R) * cols * 2);
+            let dp = d[r0 * cols * 2..].as_ptr();
+            for c in 0..full {
+                // SAFETY: 8c + 8 <= cols, so the x chunk is inside xp and each row's 16
+                // bytes lie inside that row (rows asserted inside d above).
+                unsafe {
+                    let xv = _mm256_loadu_ps(xpp.add(8 * c));
+                    for k in 0..R {
+                        let b = _mm_loadu_si128(dp.add(2 * (k * cols + 8 * c)).cast());
+                        acc[k] = _mm256_fmadd_ps(bf16x8(b), xv, acc[k]);
+                    }
+                }
+            }
+        }
+        Rows::F32(d) => {
+            assert!(d.len() >= (r0 + R) * cols);
+            let dp = d[r0 * cols..].as_ptr();
+            for c in 0..full {
+                // SAFETY: 8c + 8 <= cols, so the x chunk is inside xp and each row's 8
+                // floats lie inside that row (rows asserted inside d above).
+                unsafe {
+                    let xv = _mm256_loadu_ps(xpp.add(8 * c));
+                    for k in 0..R {
+                        let wv = _mm256_loadu_ps(dp.add(k * cols + 8 * c));
+                        acc[k] = _mm256_fmadd_ps(wv, xv, acc[k]);
+                    }
+                }
+            }
+        }
+    }
+    if !matches!(w.rows, Rows::Fp4 { .. }) && full * 8 < cols {
+        let xv = ld(xp, 8 * full);
+        for k in 0..R {
+            acc[k] = _mm256_fmadd_ps(chunk(w.rows, r0 + k, cols, full), xv, acc[k]);
         }
     }
     let mut out = [0f32; R];
@@ -241,7 +312,11 @@ unsafe fn decode(w: &RowsView, cp: usize, wbuf: &mut [f32]) {
     }
 }
 
-/// R rows x T tokens of the prefill product, each (row, token) one FMA chain as in `rows_x1`.
+/// Columns per panel in the prefill path (see the AVX-512 tier).
+const PANEL: usize = 512;
+
+/// R rows x T tokens over chunks c0..c1; accumulators persist in `accs` ([rows, n, 8])
+/// between panels, so each (row, token) FMA chain is the one of `rows_x1`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn tile<const R: usize, const T: usize>(
@@ -251,24 +326,37 @@ fn tile<const R: usize, const T: usize>(
     xp: &[f32],
     t0: usize,
     n: usize,
-    out: &mut [f32],
+    (c0, c1): (usize, usize),
+    accs: &mut [f32],
 ) {
+    assert!(r0 + R <= wbuf.len() / cp && t0 + T <= n && c1 * 8 <= cp);
+    assert!(xp.len() >= n * cp && accs.len() >= wbuf.len() / cp * n * 8);
+    let (wp, xpp, ap) = (wbuf.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    for c in 0..cp / 8 {
-        let mut xv = [_mm256_setzero_ps(); T];
-        for t in 0..T {
-            xv[t] = ld(xp, (t0 + t) * cp + 8 * c);
-        }
+    // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
+    // cp / 8, and accs holds [rows, n, 8] f32, so every pointer below is in bounds.
+    unsafe {
         for k in 0..R {
-            let wv = ld(wbuf, (r0 + k) * cp + 8 * c);
             for t in 0..T {
-                acc[k][t] = _mm256_fmadd_ps(wv, xv[t], acc[k][t]);
+                acc[k][t] = _mm256_loadu_ps(ap.add(((r0 + k) * n + t0 + t) * 8));
             }
         }
-    }
-    for k in 0..R {
-        for t in 0..T {
-            out[(r0 + k) * n + t0 + t] = hsum(acc[k][t]);
+        for c in c0..c1 {
+            let mut xv = [_mm256_setzero_ps(); T];
+            for t in 0..T {
+                xv[t] = _mm256_loadu_ps(xpp.add((t0 + t) * cp + 8 * c));
+            }
+            for k in 0..R {
+                let wv = _mm256_loadu_ps(wp.add((r0 + k) * cp + 8 * c));
+                for t in 0..T {
+                    acc[k][t] = _mm256_fmadd_ps(wv, xv[t], acc[k][t]);
+                }
+            }
+        }
+        for k in 0..R {
+            for t in 0..T {
+                _mm256_storeu_ps(ap.add(((r0 + k) * n + t0 + t) * 8), acc[k][t]);
+            }
         }
     }
 }
@@ -277,30 +365,39 @@ fn tile<const R: usize, const T: usize>(
 /// The CPU must support avx2 and fma.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemm(wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
-    let mut r = 0;
-    while r + 4 <= nrows {
-        let mut t = 0;
-        while t + 3 <= n {
-            tile::<4, 3>(wbuf, r, cp, xp, t, n, out);
-            t += 3;
+    let mut accs = vec![0f32; nrows * n * 8];
+    let mut c0 = 0;
+    while c0 < cp / 8 {
+        let cs = (c0, (c0 + PANEL / 8).min(cp / 8));
+        let mut r = 0;
+        while r + 4 <= nrows {
+            let mut t = 0;
+            while t + 3 <= n {
+                tile::<4, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 3;
+            }
+            while t < n {
+                tile::<4, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 1;
+            }
+            r += 4;
         }
-        while t < n {
-            tile::<4, 1>(wbuf, r, cp, xp, t, n, out);
-            t += 1;
+        while r < nrows {
+            let mut t = 0;
+            while t + 3 <= n {
+                tile::<1, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 3;
+            }
+            while t < n {
+                tile::<1, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                t += 1;
+            }
+            r += 1;
         }
-        r += 4;
+        c0 = cs.1;
     }
-    while r < nrows {
-        let mut t = 0;
-        while t + 3 <= n {
-            tile::<1, 3>(wbuf, r, cp, xp, t, n, out);
-            t += 3;
-        }
-        while t < n {
-            tile::<1, 1>(wbuf, r, cp, xp, t, n, out);
-            t += 1;
-        }
-        r += 1;
+    for (o, a) in out.iter_mut().zip(accs.chunks_exact(8)) {
+        *o = hsum(ld(a, 0));
     }
 }
 
