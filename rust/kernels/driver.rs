@@ -51,14 +51,25 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     const LANES: usize;
     /// out[r] = dot(row r, xp) for every row of `w` (one token, decoded on the fly).
     fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]);
-    /// wbuf[r, 0..cp] = the decoded row r in the tier's layout, zero padded to cp.
-    fn decode(self, w: &RowsView, cp: usize, wbuf: &mut [f32]);
-    /// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n (xp is [n, cp]).
-    fn gemm(self, wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]);
+    /// wbuf[r * stride..][..cols rounded up to LANES] = the decoded row r in the tier's
+    /// layout, zero padded.
+    fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]);
+    /// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n over cols (rounded up to LANES);
+    /// wbuf rows and xp tokens are `stride` apart.
+    fn gemm(
+        self,
+        wbuf: &[f32],
+        nrows: usize,
+        cols: usize,
+        stride: usize,
+        xp: &[f32],
+        n: usize,
+        out: &mut [f32],
+    );
 }
 
 /// Rows decoded together in the prefill path.
-const GROUP: usize = 8;
+const GROUP: usize = 16;
 
 fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
     let c = m.cols;
@@ -133,7 +144,9 @@ pub(crate) fn matmul<K: Kernel>(
     if nr == 0 || n == 0 {
         return;
     }
-    let cp = m.cols.div_ceil(K::LANES) * K::LANES;
+    // Row stride of x and decoded weights: padded by 64 bytes so that rows of power-of-two
+    // length do not all map to the same L1 sets in the prefill micro-kernel.
+    let cp = m.cols.div_ceil(K::LANES) * K::LANES + 16;
     let fp8 = matches!(m.w, Weights::Fp8 { .. });
     // FP8 needs x scaled per row block, so each task prepares its own.
     let shared = (!fp8).then(|| prep_x(m, x, n, cp, K::LANES, 0));
@@ -185,7 +198,7 @@ pub(crate) fn matmul<K: Kernel>(
                 let gl = g1 - g0;
                 k.decode(&view(m, g0..g1), cp, &mut wbuf[..gl * cp]);
                 let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
-                k.gemm(&wbuf[..gl * cp], gl, cp, xp, n, oo);
+                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, xp, n, oo);
                 g0 = g1;
             }
         }

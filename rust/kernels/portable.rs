@@ -39,7 +39,8 @@ impl Kernel for Portable {
     const LANES: usize = L;
 
     fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]) {
-        let cp = xp.len();
+        let cp = w.cols.div_ceil(L) * L;
+        let xp = &xp[..cp];
         let mut buf = vec![0f32; cp];
         for (r, o) in out.iter_mut().enumerate() {
             decode_row(w, r, &mut buf);
@@ -47,17 +48,28 @@ impl Kernel for Portable {
         }
     }
 
-    fn decode(self, w: &RowsView, cp: usize, wbuf: &mut [f32]) {
-        for (r, row) in wbuf.chunks_exact_mut(cp).enumerate() {
-            decode_row(w, r, row);
+    fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
+        let cp = w.cols.div_ceil(L) * L;
+        for r in 0..w.nrows {
+            decode_row(w, r, &mut wbuf[r * stride..r * stride + cp]);
         }
     }
 
-    fn gemm(self, wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+    fn gemm(
+        self,
+        wbuf: &[f32],
+        nrows: usize,
+        cols: usize,
+        stride: usize,
+        xp: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let cp = cols.div_ceil(L) * L;
         for r in 0..nrows {
-            let wr = &wbuf[r * cp..(r + 1) * cp];
+            let wr = &wbuf[r * stride..r * stride + cp];
             for (t, o) in out[r * n..(r + 1) * n].iter_mut().enumerate() {
-                *o = dot(wr, &xp[t * cp..(t + 1) * cp]);
+                *o = dot(wr, &xp[t * stride..t * stride + cp]);
             }
         }
     }

@@ -30,14 +30,23 @@ impl Kernel for Avx2 {
         unsafe { dot_x1(w, xp, out) }
     }
 
-    fn decode(self, w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+    fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
         // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
-        unsafe { decode(w, cp, wbuf) }
+        unsafe { decode(w, stride, wbuf) }
     }
 
-    fn gemm(self, wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+    fn gemm(
+        self,
+        wbuf: &[f32],
+        nrows: usize,
+        cols: usize,
+        stride: usize,
+        xp: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
         // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
-        unsafe { gemm(wbuf, nrows, cp, xp, n, out) }
+        unsafe { gemm(wbuf, nrows, cols, stride, xp, n, out) }
     }
 }
 
@@ -177,7 +186,7 @@ fn mag_table() -> __m256 {
 /// chunk goes through `chunk`, which decodes exactly like `decode`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
+fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32], sf: &[f32]) -> [f32; R] {
     let cols = w.cols;
     let full = cols / 8;
     assert!(xp.len() >= cols.div_ceil(8) * 8 && r0 + R <= w.nrows);
@@ -186,10 +195,11 @@ fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
     match w.rows {
         Rows::Fp4 { q, scale } => {
             assert!(q.len() >= (r0 + R) * cols / 2 && scale.len() >= (r0 + R) * cols / 32);
+            let _ = scale;
             let mag = mag_table();
             let sign = _mm256_set1_epi32(i32::MIN);
             let qp = q[r0 * cols / 2..].as_ptr();
-            let sp = &scale[r0 * cols / 32..];
+            let sf = &sf[r0 * cols / 32..(r0 + R) * cols / 32];
             for g in 0..cols / 16 {
                 // SAFETY: g < cols / 16, so xp[16g..16g + 16] is inside xp (len >= cols).
                 let (xe, xo) = unsafe {
@@ -199,7 +209,7 @@ fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
                     )
                 };
                 for k in 0..R {
-                    let s = _mm256_set1_ps(e8m0_to_f32(sp[k * cols / 32 + g / 2]));
+                    let s = _mm256_set1_ps(sf[k * cols / 32 + g / 2]);
                     let t = _mm256_mul_ps(mag, s);
                     // SAFETY: row k's bytes 8g..8g + 8 lie within its cols / 2 bytes, inside q
                     // (asserted above).
@@ -279,13 +289,18 @@ fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_x1(w: &RowsView, xp: &[f32], out: &mut [f32]) {
+    // FP4 block scales as f32 up front, so the inner loop only broadcasts from memory.
+    let sf: Vec<f32> = match w.rows {
+        Rows::Fp4 { scale, .. } => scale.iter().map(|&b| e8m0_to_f32(b)).collect(),
+        _ => Vec::new(),
+    };
     let mut r = 0;
     while r + 4 <= w.nrows {
-        out[r..r + 4].copy_from_slice(&rows_x1::<4>(w, r, xp));
+        out[r..r + 4].copy_from_slice(&rows_x1::<4>(w, r, xp, &sf));
         r += 4;
     }
     while r < w.nrows {
-        out[r] = rows_x1::<1>(w, r, xp)[0];
+        out[r] = rows_x1::<1>(w, r, xp, &sf)[0];
         r += 1;
     }
 }
@@ -293,10 +308,11 @@ unsafe fn dot_x1(w: &RowsView, xp: &[f32], out: &mut [f32]) {
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode(w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+unsafe fn decode(w: &RowsView, stride: usize, wbuf: &mut [f32]) {
     let cols = w.cols;
+    let cp = cols.div_ceil(8) * 8;
     for r in 0..w.nrows {
-        let row = &mut wbuf[r * cp..(r + 1) * cp];
+        let row = &mut wbuf[r * stride..r * stride + cp];
         if let Rows::Fp4 { q, scale } = w.rows {
             let mag = mag_table();
             for g in 0..cols / 16 {
@@ -329,12 +345,13 @@ fn tile<const R: usize, const T: usize>(
     (c0, c1): (usize, usize),
     accs: &mut [f32],
 ) {
-    assert!(r0 + R <= wbuf.len() / cp && t0 + T <= n && c1 * 8 <= cp);
-    assert!(xp.len() >= n * cp && accs.len() >= wbuf.len() / cp * n * 8);
+    assert!(r0 + R <= wbuf.len().div_ceil(cp) && t0 + T <= n && c1 * 8 <= cp);
+    assert!(wbuf.len() >= (r0 + R - 1) * cp + c1 * 8 && xp.len() >= (t0 + T - 1) * cp + c1 * 8);
+    assert!(accs.len() >= (r0 + R) * n * 8);
     let (wp, xpp, ap) = (wbuf.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
-    // cp / 8, and accs holds [rows, n, 8] f32, so every pointer below is in bounds.
+    // c1 within each row / token (asserted), and accs holds [rows, n, 8] f32.
     unsafe {
         for k in 0..R {
             for t in 0..T {
@@ -364,35 +381,43 @@ fn tile<const R: usize, const T: usize>(
 /// # Safety
 /// The CPU must support avx2 and fma.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemm(wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+unsafe fn gemm(
+    wbuf: &[f32],
+    nrows: usize,
+    cols: usize,
+    cp: usize,
+    xp: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let nch = cols.div_ceil(8);
     let mut accs = vec![0f32; nrows * n * 8];
+    // panel -> token tile -> row tile: the x tile stays in L1 across the row tiles and the
+    // panel of decoded rows stays in L1 across token tiles.
     let mut c0 = 0;
-    while c0 < cp / 8 {
-        let cs = (c0, (c0 + PANEL / 8).min(cp / 8));
-        let mut r = 0;
-        while r + 4 <= nrows {
-            let mut t = 0;
-            while t + 3 <= n {
-                tile::<4, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 3;
+    while c0 < nch {
+        let cs = (c0, (c0 + PANEL / 8).min(nch));
+        let mut t = 0;
+        while t < n {
+            let three = t + 3 <= n;
+            let mut r = 0;
+            while r + 4 <= nrows {
+                if three {
+                    tile::<4, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                } else {
+                    tile::<4, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                }
+                r += 4;
             }
-            while t < n {
-                tile::<4, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 1;
+            while r < nrows {
+                if three {
+                    tile::<1, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                } else {
+                    tile::<1, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                }
+                r += 1;
             }
-            r += 4;
-        }
-        while r < nrows {
-            let mut t = 0;
-            while t + 3 <= n {
-                tile::<1, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 3;
-            }
-            while t < n {
-                tile::<1, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 1;
-            }
-            r += 1;
+            t += if three { 3 } else { 1 };
         }
         c0 = cs.1;
     }

@@ -33,14 +33,23 @@ impl Kernel for Avx512 {
         unsafe { dot_x1(w, xp, out) }
     }
 
-    fn decode(self, w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+    fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
         // SAFETY: `self` exists, so `detect` found avx512f/bw/vl, avx2, fma and f16c.
-        unsafe { decode(w, cp, wbuf) }
+        unsafe { decode(w, stride, wbuf) }
     }
 
-    fn gemm(self, wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+    fn gemm(
+        self,
+        wbuf: &[f32],
+        nrows: usize,
+        cols: usize,
+        stride: usize,
+        xp: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
         // SAFETY: `self` exists, so `detect` found avx512f/bw/vl, avx2, fma and f16c.
-        unsafe { gemm(wbuf, nrows, cp, xp, n, out) }
+        unsafe { gemm(wbuf, nrows, cols, stride, xp, n, out) }
     }
 }
 
@@ -174,7 +183,7 @@ fn hsum(v: __m512) -> f32 {
 /// chunk goes through `chunk`, which decodes exactly like `decode`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
+fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32], sf: &[f32]) -> [f32; R] {
     let cols = w.cols;
     let full = cols / 16;
     assert!(xp.len() >= cols.div_ceil(16) * 16 && r0 + R <= w.nrows);
@@ -183,10 +192,11 @@ fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
     match w.rows {
         Rows::Fp4 { q, scale } => {
             assert!(q.len() >= (r0 + R) * cols / 2 && scale.len() >= (r0 + R) * cols / 32);
+            let _ = scale;
             // SAFETY: E2M1_LUT holds 16 f32.
             let lut = unsafe { _mm512_loadu_ps(E2M1_LUT.as_ptr()) };
             let qp = q[r0 * cols / 2..].as_ptr();
-            let sp = &scale[r0 * cols / 32..];
+            let sf = &sf[r0 * cols / 32..(r0 + R) * cols / 32];
             for g in 0..cols / 32 {
                 // SAFETY: g < cols / 32, so xp[32g..32g + 32] is inside xp (len >= cols).
                 let (xe, xo) = unsafe {
@@ -196,7 +206,7 @@ fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
                     )
                 };
                 for k in 0..R {
-                    let t = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0_to_f32(sp[k * cols / 32 + g])));
+                    let t = _mm512_mul_ps(lut, _mm512_set1_ps(sf[k * cols / 32 + g]));
                     // SAFETY: row k's bytes 16g..16g + 16 lie within its cols / 2 bytes, inside q
                     // (asserted above).
                     let b = unsafe { _mm_loadu_si128(qp.add(k * cols / 2 + 16 * g).cast()) };
@@ -271,13 +281,18 @@ fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32]) -> [f32; R] {
 /// The CPU must support avx512f, avx512bw, avx512vl, avx2, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot_x1(w: &RowsView, xp: &[f32], out: &mut [f32]) {
+    // FP4 block scales as f32 up front, so the inner loop only broadcasts from memory.
+    let sf: Vec<f32> = match w.rows {
+        Rows::Fp4 { scale, .. } => scale.iter().map(|&b| e8m0_to_f32(b)).collect(),
+        _ => Vec::new(),
+    };
     let mut r = 0;
     while r + 4 <= w.nrows {
-        out[r..r + 4].copy_from_slice(&rows_x1::<4>(w, r, xp));
+        out[r..r + 4].copy_from_slice(&rows_x1::<4>(w, r, xp, &sf));
         r += 4;
     }
     while r < w.nrows {
-        out[r] = rows_x1::<1>(w, r, xp)[0];
+        out[r] = rows_x1::<1>(w, r, xp, &sf)[0];
         r += 1;
     }
 }
@@ -285,10 +300,11 @@ unsafe fn dot_x1(w: &RowsView, xp: &[f32], out: &mut [f32]) {
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx2, fma and f16c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn decode(w: &RowsView, cp: usize, wbuf: &mut [f32]) {
+unsafe fn decode(w: &RowsView, stride: usize, wbuf: &mut [f32]) {
     let cols = w.cols;
+    let cp = cols.div_ceil(16) * 16;
     for r in 0..w.nrows {
-        let row = &mut wbuf[r * cp..(r + 1) * cp];
+        let row = &mut wbuf[r * stride..r * stride + cp];
         if let Rows::Fp4 { q, scale } = w.rows {
             // SAFETY: E2M1_LUT holds 16 f32.
             let lut = unsafe { _mm512_loadu_ps(E2M1_LUT.as_ptr()) };
@@ -305,7 +321,7 @@ unsafe fn decode(w: &RowsView, cp: usize, wbuf: &mut [f32]) {
     }
 }
 
-/// Columns per panel in the prefill path: 8 rows x 512 f32 = 16 KiB of decoded weights
+/// Columns per panel in the prefill path: 16 rows x 512 f32 = 32 KiB of decoded weights
 /// stay in L1 while every token tile passes over them.
 const PANEL: usize = 512;
 
@@ -324,12 +340,13 @@ fn tile<const R: usize, const T: usize>(
     (c0, c1): (usize, usize),
     accs: &mut [f32],
 ) {
-    assert!(r0 + R <= wbuf.len() / cp && t0 + T <= n && c1 * 16 <= cp);
-    assert!(xp.len() >= n * cp && accs.len() >= wbuf.len() / cp * n * 16);
+    assert!(r0 + R <= wbuf.len().div_ceil(cp) && t0 + T <= n && c1 * 16 <= cp);
+    assert!(wbuf.len() >= (r0 + R - 1) * cp + c1 * 16 && xp.len() >= (t0 + T - 1) * cp + c1 * 16);
+    assert!(accs.len() >= (r0 + R) * n * 16);
     let (wp, xpp, ap) = (wbuf.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
-    // cp / 16, and accs holds [rows, n, 16] f32, so every pointer below is in bounds.
+    // c1 within each row / token (asserted), and accs holds [rows, n, 16] f32.
     unsafe {
         for k in 0..R {
             for t in 0..T {
@@ -359,35 +376,43 @@ fn tile<const R: usize, const T: usize>(
 /// # Safety
 /// The CPU must support avx512f and fma.
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn gemm(wbuf: &[f32], nrows: usize, cp: usize, xp: &[f32], n: usize, out: &mut [f32]) {
+unsafe fn gemm(
+    wbuf: &[f32],
+    nrows: usize,
+    cols: usize,
+    cp: usize,
+    xp: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let nch = cols.div_ceil(16);
     let mut accs = vec![0f32; nrows * n * 16];
+    // panel -> token tile -> row tile: the x tile stays in L1 across the row tiles and the
+    // panel of decoded rows stays in L1 across token tiles.
     let mut c0 = 0;
-    while c0 < cp / 16 {
-        let cs = (c0, (c0 + PANEL / 16).min(cp / 16));
-        let mut r = 0;
-        while r + 8 <= nrows {
-            let mut t = 0;
-            while t + 3 <= n {
-                tile::<8, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 3;
+    while c0 < nch {
+        let cs = (c0, (c0 + PANEL / 16).min(nch));
+        let mut t = 0;
+        while t < n {
+            let three = t + 3 <= n;
+            let mut r = 0;
+            while r + 8 <= nrows {
+                if three {
+                    tile::<8, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                } else {
+                    tile::<8, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                }
+                r += 8;
             }
-            while t < n {
-                tile::<8, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 1;
+            while r < nrows {
+                if three {
+                    tile::<1, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                } else {
+                    tile::<1, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
+                }
+                r += 1;
             }
-            r += 8;
-        }
-        while r < nrows {
-            let mut t = 0;
-            while t + 3 <= n {
-                tile::<1, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 3;
-            }
-            while t < n {
-                tile::<1, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                t += 1;
-            }
-            r += 1;
+            t += if three { 3 } else { 1 };
         }
         c0 = cs.1;
     }
