@@ -18,7 +18,19 @@ use rayon::prelude::*;
 use std::hint::black_box;
 use std::time::Duration;
 
-const RING_BYTES: usize = 512 << 20;
+/// Full-size buffers only under `cargo bench`; `cargo test --all-targets` runs each bench
+/// once as a smoke test and should not allocate 1.5 GiB for it.
+fn full_size() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn ring_bytes() -> usize {
+    if full_size() {
+        512 << 20
+    } else {
+        0
+    }
+}
 
 struct Rng(u64);
 impl Rng {
@@ -106,13 +118,14 @@ fn tiers() -> Vec<Tier> {
 }
 
 fn stream(c: &mut Criterion) {
-    let buf = vec![1f32; (1usize << 30) / 4];
+    let bytes: usize = if full_size() { 1 << 30 } else { 16 << 20 };
+    let buf = vec![1f32; bytes / 4];
     let mut g = c.benchmark_group("stream");
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .sampling_mode(SamplingMode::Flat)
-        .throughput(Throughput::Bytes(1 << 30));
+        .throughput(Throughput::Bytes(bytes as u64));
     for (t, pool) in pools() {
         g.bench_function(BenchmarkId::new("sum_f32_1GiB", format!("{t}t")), |b| {
             b.iter(|| {
@@ -150,7 +163,7 @@ fn decode(c: &mut Criterion) {
     for (name, kind, rows, cols) in shapes {
         let first = make(kind, rows, cols, 1);
         let bytes = mat(kind, rows, cols, &first).bytes();
-        let copies = RING_BYTES.div_ceil(bytes).max(1);
+        let copies = ring_bytes().div_ceil(bytes).max(1);
         let ring: Vec<Owned> = (0..copies)
             .map(|_| Owned {
                 q: first.q.clone(),
