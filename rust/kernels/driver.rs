@@ -12,15 +12,15 @@
 //! ```
 //!
 //! Scales never enter the loop as a separate step: every UE8M0 scale is a power of two, so
-//! multiplying either the weight (FP4: the 16-entry table is scaled per 32-block) or x
-//! (FP8: x is scaled per 128-column block, once per 128-row block) is exact, and a single
-//! running FMA chain per row replaces per-block partial sums. FP8 decodes through f16 to
-//! `e4m3 / 256` (see the SIMD tiers); the `* 256` is applied once at the end, which is exact.
+//! the decoded weight times its scale is exact (FP4: the 16-entry table is scaled per
+//! 32-block; FP8: each decoded chunk is multiplied by its 128x128 block's scale), and a
+//! single running FMA chain per row replaces per-block partial sums. FP8 decodes through f16
+//! to `e4m3 / 256` (see the SIMD tiers); the `* 256` is applied once at the end, which is
+//! exact.
 //! Because the n = 1 path and the n > 1 path perform this same sequence of operations on
 //! the same values, each token's result is bit-identical to computing it alone.
 
 use super::{MatRef, Weights};
-use crate::dtype::e8m0_to_f32;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -31,8 +31,9 @@ pub(crate) enum Rows<'a> {
     F32(&'a [f32]),
     /// [nrows, cols * 2] little-endian bf16
     Bf16(&'a [u8]),
-    /// [nrows, cols] e4m3 (the scale is folded into x by `prep_x`)
-    Fp8(&'a [u8]),
+    /// q: [nrows, cols] e4m3; scale: [ceil(cols / 128)], the scale row of the one 128-row
+    /// block all these rows belong to.
+    Fp8 { q: &'a [u8], scale: &'a [u8] },
     /// q: [nrows, cols / 2]; scale: [nrows, cols / 32]
     Fp4 { q: &'a [u8], scale: &'a [u8] },
 }
@@ -76,7 +77,17 @@ fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
     let rows = match m.w {
         Weights::F32(d) => Rows::F32(&d[r.start * c..r.end * c]),
         Weights::Bf16(d) => Rows::Bf16(&d[r.start * c * 2..r.end * c * 2]),
-        Weights::Fp8 { q, .. } => Rows::Fp8(&q[r.start * c..r.end * c]),
+        Weights::Fp8 { q, scale } => {
+            let (sc, rb) = (c.div_ceil(128), r.start / 128);
+            assert!(
+                r.is_empty() || (r.end - 1) / 128 == rb,
+                "fp8 rows span a block"
+            );
+            Rows::Fp8 {
+                q: &q[r.start * c..r.end * c],
+                scale: &scale[rb * sc..(rb + 1) * sc],
+            }
+        }
         Weights::Fp4 { q, scale } => Rows::Fp4 {
             q: &q[r.start * c / 2..r.end * c / 2],
             scale: &scale[r.start * c / 32..r.end * c / 32],
@@ -89,24 +100,14 @@ fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
     }
 }
 
-/// x prepared for the kernels: [n, cp], zero padded. FP8: x * scale[rb, j / 128] (row block
-/// rb). FP4: each group of 2 * lanes columns stored as [even columns..., odd columns...],
-/// matching the low/high nibble split of the packed bytes. Otherwise a copy.
-fn prep_x(m: &MatRef, x: &[f32], n: usize, cp: usize, lanes: usize, rb: usize) -> Vec<f32> {
+/// x prepared for the kernels: [n, cp], zero padded. FP4: each group of 2 * lanes columns
+/// stored as [even columns..., odd columns...], matching the low/high nibble split of the
+/// packed bytes. Otherwise a copy.
+fn prep_x(m: &MatRef, x: &[f32], n: usize, cp: usize, lanes: usize) -> Vec<f32> {
     let cols = m.cols;
     let mut xp = vec![0f32; n * cp];
     for (xs, d) in x.chunks_exact(cols).zip(xp.chunks_exact_mut(cp)) {
         match m.w {
-            Weights::Fp8 { scale, .. } => {
-                let sc = cols.div_ceil(128);
-                let srow = &scale[rb * sc..(rb + 1) * sc];
-                for ((xb, db), &s) in xs.chunks(128).zip(d.chunks_mut(128)).zip(srow) {
-                    let s = e8m0_to_f32(s);
-                    for (o, &v) in db.iter_mut().zip(xb) {
-                        *o = v * s;
-                    }
-                }
-            }
             Weights::Fp4 { .. } => {
                 for (xg, dg) in xs
                     .chunks_exact(2 * lanes)
@@ -148,10 +149,9 @@ pub(crate) fn matmul<K: Kernel>(
     // length do not all map to the same L1 sets in the prefill micro-kernel.
     let cp = m.cols.div_ceil(K::LANES) * K::LANES + 16;
     let fp8 = matches!(m.w, Weights::Fp8 { .. });
-    // FP8 needs x scaled per row block, so each task prepares its own.
-    let shared = (!fp8).then(|| prep_x(m, x, n, cp, K::LANES, 0));
+    let xp = prep_x(m, x, n, cp, K::LANES);
 
-    // Tasks never straddle an FP8 128-row block.
+    // Tasks never straddle an FP8 128-row block (a view has one scale row).
     let step = task_rows(nr);
     let mut tasks = Vec::new();
     let mut r = rows.start;
@@ -180,16 +180,8 @@ pub(crate) fn matmul<K: Kernel>(
         rest = b;
     }
     parts.into_par_iter().for_each(|(tr, o)| {
-        let own;
-        let xp: &[f32] = match &shared {
-            Some(v) => v,
-            None => {
-                own = prep_x(m, x, n, cp, K::LANES, tr.start / 128);
-                &own
-            }
-        };
         if n == 1 {
-            k.dot_x1(&view(m, tr.clone()), xp, o);
+            k.dot_x1(&view(m, tr.clone()), &xp, o);
         } else {
             let mut wbuf = vec![0f32; GROUP * cp];
             let mut g0 = tr.start;
@@ -198,7 +190,7 @@ pub(crate) fn matmul<K: Kernel>(
                 let gl = g1 - g0;
                 k.decode(&view(m, g0..g1), cp, &mut wbuf[..gl * cp]);
                 let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
-                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, xp, n, oo);
+                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, &xp, n, oo);
                 g0 = g1;
             }
         }

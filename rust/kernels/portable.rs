@@ -89,9 +89,13 @@ fn decode_row(w: &RowsView, r: usize, out: &mut [f32]) {
                 *o = bf16_to_f32(b[0], b[1]);
             }
         }
-        Rows::Fp8(q) => {
-            for (o, &b) in out.iter_mut().zip(&q[r * c..(r + 1) * c]) {
-                *o = FP8_LUT[b as usize];
+        Rows::Fp8 { q, scale } => {
+            let qr = &q[r * c..(r + 1) * c];
+            for ((ob, qb), &s) in out.chunks_mut(128).zip(qr.chunks(128)).zip(scale) {
+                let s = e8m0_to_f32(s);
+                for (o, &b) in ob.iter_mut().zip(qb) {
+                    *o = FP8_LUT[b as usize] * s;
+                }
             }
         }
         Rows::Fp4 { q, scale } => {

@@ -135,13 +135,14 @@ fn chunk(rows: Rows, r: usize, cols: usize, c: usize) -> __m512 {
                 bf16x16(ld32b(&tail::<32>(&row[2 * j..]), 0))
             }
         }
-        Rows::Fp8(q) => {
+        Rows::Fp8 { q, scale } => {
             let row = &q[r * cols..(r + 1) * cols];
-            if full {
+            let w = if full {
                 fp8x16(ld16b(row, j))
             } else {
                 fp8x16(ld16b(&tail::<16>(&row[j..]), 0))
-            }
+            };
+            _mm512_mul_ps(w, _mm512_set1_ps(e8m0_to_f32(scale[j / 128])))
         }
         Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
     }
@@ -218,17 +219,22 @@ fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32], sf: &[f32]) -> [
                 }
             }
         }
-        Rows::Fp8(q) => {
-            assert!(q.len() >= (r0 + R) * cols);
+        Rows::Fp8 { q, scale } => {
+            assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
             let qp = q[r0 * cols..].as_ptr();
-            for c in 0..full {
-                // SAFETY: 16c + 16 <= cols, so the x chunk is inside xp and each row's 16
-                // bytes lie inside that row (rows asserted inside q above).
-                unsafe {
-                    let xv = _mm512_loadu_ps(xpp.add(16 * c));
-                    for k in 0..R {
-                        let b = _mm_loadu_si128(qp.add(k * cols + 16 * c).cast());
-                        acc[k] = _mm512_fmadd_ps(fp8x16(b), xv, acc[k]);
+            // 128-column blocks; all R rows share the block row's scale.
+            for (b, &sb) in scale.iter().enumerate() {
+                let sv = _mm512_set1_ps(e8m0_to_f32(sb));
+                for c in b * 8..((b + 1) * 8).min(full) {
+                    // SAFETY: 16c + 16 <= cols, so the x chunk is inside xp and each row's 16
+                    // bytes lie inside that row (rows asserted inside q above).
+                    unsafe {
+                        let xv = _mm512_loadu_ps(xpp.add(16 * c));
+                        for k in 0..R {
+                            let b = _mm_loadu_si128(qp.add(k * cols + 16 * c).cast());
+                            let w = _mm512_mul_ps(fp8x16(b), sv);
+                            acc[k] = _mm512_fmadd_ps(w, xv, acc[k]);
+                        }
                     }
                 }
             }
