@@ -72,21 +72,27 @@ pub fn disk_read_gbs(path: &Path, bytes: usize) -> Result<(f64, bool)> {
     Ok((done as f64 / dt / 1e9, f.is_direct()))
 }
 
-/// GFLOP/s of independent FMA chains on `threads` threads (register-only).
+/// GFLOP/s of independent FMA chains on `threads` threads (register-only), on the active
+/// kernel tier.
 pub fn fma_peak_gflops(threads: usize) -> Result<f64> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .build()
         .map_err(|e| Error::arg(format!("cannot start {threads} threads: {e}")))?;
     const ITERS: usize = 20_000_000;
+    let tier = crate::kernels::active_tier();
     let t0 = Instant::now();
-    let s: f32 = pool.install(|| {
+    let flops: u64 = pool.install(|| {
         (0..threads.max(1))
             .into_par_iter()
-            .map(|t| crate::kernels::fma_chains(ITERS, t as f32 * 1e-9))
+            .map(|_| {
+                crate::kernels::fma_probe(tier, ITERS).map_or(0, |(s, f)| {
+                    std::hint::black_box(s);
+                    f
+                })
+            })
             .sum()
     });
     let dt = t0.elapsed().as_secs_f64();
-    std::hint::black_box(s);
-    Ok((threads.max(1) * ITERS * crate::kernels::FMA_CHAIN_FLOPS) as f64 / dt / 1e9)
+    Ok(flops as f64 / dt / 1e9)
 }

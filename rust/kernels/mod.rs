@@ -8,12 +8,24 @@
 //! - output rows are independent; threads split rows, so any thread count gives
 //!   bit-identical results;
 //! - `matmul` with n tokens gives, for every token, bit-identical results to `matmul` with
-//!   that token alone (the per-row accumulation order does not depend on n).
+//!   that token alone (the per-row accumulation order does not depend on n);
+//! - tiers may differ from each other at rounding level only.
+//!
+//! Tier selection: the best tier the CPU supports, decided once. `V4FLASH_KERNELS=portable|avx2|avx512`
+//! forces a tier; asking for one the CPU lacks (or an unknown name) prints a one-time warning
+//! on stderr and uses the best available tier instead. `tier_name()` reports the choice.
+//!
+//! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
+//! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
 
+mod driver;
 pub mod ops;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// A weight matrix [rows, cols] in one of the checkpoint's formats, borrowed.
 #[derive(Clone, Copy)]
@@ -50,7 +62,7 @@ impl<'a> MatRef<'a> {
                 (rows * cols, q.len(), "fp8 bytes")
             }
             Weights::Fp4 { q, scale } => {
-                if cols % 32 != 0 {
+                if !cols.is_multiple_of(32) {
                     return Err(format!("fp4 matrix needs cols % 32 == 0, got {cols}"));
                 }
                 if scale.len() != rows * cols / 32 {
@@ -89,7 +101,149 @@ pub fn matmul(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]
     );
     assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
     assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
-    portable::matmul(m, rows, x, n, y)
+    run(active_tier(), m, rows, x, n, y)
+}
+
+/// `matmul` on a given tier regardless of the override (for tests and benches).
+/// Errors if the CPU lacks the tier.
+pub fn matmul_tier(
+    tier: Tier,
+    m: &MatRef,
+    rows: Range<usize>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), String> {
+    if !tier.available() {
+        return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
+    }
+    assert!(
+        rows.end <= m.rows && rows.start <= rows.end,
+        "row range out of bounds"
+    );
+    assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
+    assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
+    run(tier, m, rows, x, n, y);
+    Ok(())
+}
+
+/// The only place that picks a tier's kernels; a tier type exists only once detected.
+fn run(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match tier {
+        Tier::Avx512 => {
+            if let Some(k) = x86::Avx512::detect() {
+                return driver::matmul(k, m, rows, x, n, y);
+            }
+        }
+        Tier::Avx2 => {
+            if let Some(k) = x86::Avx2::detect() {
+                return driver::matmul(k, m, rows, x, n, y);
+            }
+        }
+        Tier::Portable => {}
+    }
+    let _ = tier;
+    driver::matmul(portable::Portable, m, rows, x, n, y)
+}
+
+/// Benchmark support: runs a register-only multiply-add loop on `tier` and returns
+/// (a value to keep the loop alive, f32 flops performed), or None if the CPU lacks the tier.
+/// The ratio flops / time is the tier's arithmetic peak on one thread.
+pub fn fma_probe(tier: Tier, iters: usize) -> Option<(f32, u64)> {
+    if !tier.available() {
+        return None;
+    }
+    let it = iters as u64;
+    #[cfg(target_arch = "x86_64")]
+    match tier {
+        Tier::Avx512 => {
+            // SAFETY: `available` detected avx512f (and fma) just above.
+            return Some((unsafe { x86::fma_probe_avx512(iters) }, it * 16 * 16 * 2));
+        }
+        Tier::Avx2 => {
+            // SAFETY: `available` detected avx2 and fma just above.
+            return Some((unsafe { x86::fma_probe_avx2(iters) }, it * 12 * 8 * 2));
+        }
+        Tier::Portable => {}
+    }
+    Some((portable::fma_probe(iters), it * 8 * 16 * 2))
+}
+
+/// A kernel tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Tier {
+    /// All tiers, best first.
+    pub const ALL: [Tier; 3] = [Tier::Avx512, Tier::Avx2, Tier::Portable];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Portable => "portable",
+            Tier::Avx2 => "avx2",
+            Tier::Avx512 => "avx512",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Tier> {
+        Tier::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// Whether this CPU can run the tier.
+    pub fn available(self) -> bool {
+        match self {
+            Tier::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => x86::Avx2::detect().is_some(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => x86::Avx512::detect().is_some(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The best tier this CPU supports.
+    pub fn best() -> Tier {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.available())
+            .unwrap_or(Tier::Portable)
+    }
+}
+
+/// The tier `matmul` uses: `V4FLASH_KERNELS` if set and available, else the best one.
+pub fn active_tier() -> Tier {
+    static ACTIVE: OnceLock<Tier> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let best = Tier::best();
+        match std::env::var("V4FLASH_KERNELS") {
+            Err(_) => best,
+            Ok(s) if s.is_empty() => best,
+            Ok(s) => match Tier::from_name(&s) {
+                Some(t) if t.available() => t,
+                Some(t) => {
+                    eprintln!(
+                        "v4flash: V4FLASH_KERNELS={s}: this CPU lacks the {} tier, using {}",
+                        t.name(),
+                        best.name()
+                    );
+                    best
+                }
+                None => {
+                    eprintln!(
+                        "v4flash: V4FLASH_KERNELS={s} is not one of portable|avx2|avx512, using {}",
+                        best.name()
+                    );
+                    best
+                }
+            },
+        }
+    })
 }
 
 /// y[rows] = W x.
@@ -99,108 +253,8 @@ pub fn matvec(m: &MatRef, x: &[f32], y: &mut [f32]) {
 
 /// The kernel tier in use (decided once).
 pub fn tier_name() -> &'static str {
-    "portable"
+    active_tier().name()
 }
 
-/// Flops per iteration of [`fma_chains`].
-pub const FMA_CHAIN_FLOPS: usize = 2 * 16 * 12;
-
-/// Runs 12 independent 16-lane FMA chains for `iters` iterations (an FMA-peak probe that
-/// LLVM keeps in registers; with AVX-512 or AVX2 enabled it runs at the machine's peak).
-pub fn fma_chains(iters: usize, seed: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: avx512f was detected at run time.
-            return unsafe { fma_chains_avx512(iters, seed) };
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: avx2 and fma were detected at run time.
-            return unsafe { fma_chains_avx2(iters, seed) };
-        }
-    }
-    fma_chains_generic(iters, seed)
-}
-
-#[inline(always)]
-fn fma_chains_generic(iters: usize, seed: f32) -> f32 {
-    let mut acc = [[seed; 16]; 12];
-    let m = [0.999_999f32; 16];
-    let a = [1e-7f32; 16];
-    for _ in 0..iters {
-        for c in acc.iter_mut() {
-            for l in 0..16 {
-                c[l] = c[l].mul_add(m[l], a[l]);
-            }
-        }
-    }
-    acc.iter().flatten().sum()
-}
-
-macro_rules! fma_chain_body {
-    ($vec:ty, $set1:path, $fmadd:path, $store:path, $lanes:expr, $iters:expr, $seed:expr) => {{
-        let m = $set1(0.999_999);
-        let a = $set1(1e-7);
-        let mut acc: [$vec; 12] = [$set1($seed); 12];
-        for _ in 0..$iters {
-            // 12 independent chains hide the FMA latency on two FMA ports
-            acc[0] = $fmadd(acc[0], m, a);
-            acc[1] = $fmadd(acc[1], m, a);
-            acc[2] = $fmadd(acc[2], m, a);
-            acc[3] = $fmadd(acc[3], m, a);
-            acc[4] = $fmadd(acc[4], m, a);
-            acc[5] = $fmadd(acc[5], m, a);
-            acc[6] = $fmadd(acc[6], m, a);
-            acc[7] = $fmadd(acc[7], m, a);
-            acc[8] = $fmadd(acc[8], m, a);
-            acc[9] = $fmadd(acc[9], m, a);
-            acc[10] = $fmadd(acc[10], m, a);
-            acc[11] = $fmadd(acc[11], m, a);
-        }
-        let mut out = [0f32; $lanes];
-        let mut s = 0f32;
-        for v in acc {
-            // SAFETY: `out` has exactly one vector's worth of lanes.
-            unsafe { $store(out.as_mut_ptr(), v) };
-            s += out.iter().sum::<f32>();
-        }
-        s
-    }};
-}
-
-/// # Safety
-/// The CPU must support AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn fma_chains_avx512(iters: usize, seed: f32) -> f32 {
-    use std::arch::x86_64::*;
-    let r: f32 = fma_chain_body!(
-        __m512,
-        _mm512_set1_ps,
-        _mm512_fmadd_ps,
-        _mm512_storeu_ps,
-        16,
-        iters,
-        seed
-    );
-    r
-}
-
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma_chains_avx2(iters: usize, seed: f32) -> f32 {
-    use std::arch::x86_64::*;
-    // 8-lane vectors: twice the iterations give the same flop count as the other tiers
-    let r: f32 = fma_chain_body!(
-        __m256,
-        _mm256_set1_ps,
-        _mm256_fmadd_ps,
-        _mm256_storeu_ps,
-        8,
-        2 * iters,
-        seed
-    );
-    r
-}
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,260 @@
+//! Kernel throughput next to the machine's own limits, in one short run:
+//!
+//! - `stream/*`: a plain sum over a 2 GiB f32 buffer: the measured read bandwidth every
+//!   decode kernel should be compared with;
+//! - `decode/*`: one-token matvec over the checkpoint's real shapes, `Throughput::Bytes`
+//!   = weight + scale bytes; each iteration uses the next of several copies (>= 2 GiB in
+//!   all) so weights come from DRAM as in real decode, not from the L3 (up to 260 MiB on
+//!   the machine this was written on; its adaptive replacement keeps part of a cyclic
+//!   working set a few times larger, hence 2 GiB for both);
+//! - `fma_peak/*` and `prefill/*`: a register-only FMA loop and the n-token matmul, both as
+//!   `Throughput::Elements` of f32 flops, so elem/s reads as FLOP/s.
+//!
+//! Every available tier, on 1 thread and on all threads. Short by design (10 samples).
+
+use _core::kernels::{fma_probe, matmul_tier, MatRef, Tier, Weights};
+use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
+use rayon::prelude::*;
+use std::hint::black_box;
+use std::time::Duration;
+
+/// True under `cargo bench` (which passes `--bench`).
+fn full_size() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn ring_bytes() -> usize {
+    if full_size() {
+        2 << 30
+    } else {
+        0
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn byte(&mut self) -> u8 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 32) as u8
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Fp8,
+    Fp4,
+    Bf16,
+}
+
+/// One matrix's storage: q (or bf16 bytes) and scale.
+struct Owned {
+    q: Vec<u8>,
+    s: Vec<u8>,
+}
+
+fn make(kind: Kind, rows: usize, cols: usize, seed: u64) -> Owned {
+    let mut g = Rng(seed | 1);
+    match kind {
+        Kind::Fp8 => Owned {
+            q: (0..rows * cols).map(|_| g.byte() & 0xF7).collect(),
+            s: (0..rows.div_ceil(128) * cols.div_ceil(128))
+                .map(|_| 120 + g.byte() % 8)
+                .collect(),
+        },
+        Kind::Fp4 => Owned {
+            q: (0..rows * cols / 2).map(|_| g.byte()).collect(),
+            s: (0..rows * cols / 32).map(|_| 120 + g.byte() % 8).collect(),
+        },
+        Kind::Bf16 => Owned {
+            // small normal values: sign, exponent 120..127, random mantissa
+            q: (0..rows * cols)
+                .flat_map(|_| {
+                    let hi = (g.byte() & 0x80) | 0x3C | (g.byte() & 1);
+                    [g.byte(), hi]
+                })
+                .collect(),
+            s: vec![],
+        },
+    }
+}
+
+fn mat<'a>(kind: Kind, rows: usize, cols: usize, o: &'a Owned) -> MatRef<'a> {
+    let w = match kind {
+        Kind::Fp8 => Weights::Fp8 {
+            q: &o.q,
+            scale: &o.s,
+        },
+        Kind::Fp4 => Weights::Fp4 {
+            q: &o.q,
+            scale: &o.s,
+        },
+        Kind::Bf16 => Weights::Bf16(&o.q),
+    };
+    MatRef::new(rows, cols, w).unwrap()
+}
+
+fn pools() -> Vec<(usize, rayon::ThreadPool)> {
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut v = vec![1];
+    if all > 1 {
+        v.push(all);
+    }
+    v.into_iter()
+        .map(|t| {
+            let p = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap();
+            (t, p)
+        })
+        .collect()
+}
+
+fn tiers() -> Vec<Tier> {
+    Tier::ALL.into_iter().filter(|t| t.available()).collect()
+}
+
+fn stream(c: &mut Criterion) {
+    let bytes: usize = if full_size() { 2 << 30 } else { 16 << 20 };
+    let buf = vec![1f32; bytes / 4];
+    let mut g = c.benchmark_group("stream");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .sampling_mode(SamplingMode::Flat)
+        .throughput(Throughput::Bytes(bytes as u64));
+    for (t, pool) in pools() {
+        g.bench_function(BenchmarkId::new("sum_f32_2GiB", format!("{t}t")), |b| {
+            b.iter(|| {
+                pool.install(|| {
+                    buf.par_chunks(1 << 20)
+                        .map(|ch| {
+                            // 64 independent lanes: bound by memory, not by add latency
+                            let mut acc = [0f32; 64];
+                            for v in ch.chunks_exact(64) {
+                                for l in 0..64 {
+                                    acc[l] += v[l];
+                                }
+                            }
+                            acc.iter().sum::<f32>()
+                        })
+                        .sum::<f32>()
+                })
+            })
+        });
+    }
+}
+
+fn decode(c: &mut Criterion) {
+    let shapes: [(&str, Kind, usize, usize); 5] = [
+        ("fp8_wq_b_32768x1024", Kind::Fp8, 32768, 1024),
+        ("fp8_wo_b_4096x8192", Kind::Fp8, 4096, 8192),
+        ("fp4_w13_4096x4096", Kind::Fp4, 4096, 4096),
+        ("fp4_w2_4096x2048", Kind::Fp4, 4096, 2048),
+        ("bf16_head_16384x4096", Kind::Bf16, 16384, 4096),
+    ];
+    let pools = pools();
+    let mut g = c.benchmark_group("decode");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    for (name, kind, rows, cols) in shapes {
+        let first = make(kind, rows, cols, 1);
+        let bytes = mat(kind, rows, cols, &first).bytes();
+        let copies = ring_bytes().div_ceil(bytes).max(1);
+        let ring: Vec<Owned> = (0..copies)
+            .map(|_| Owned {
+                q: first.q.clone(),
+                s: first.s.clone(),
+            })
+            .collect();
+        let mats: Vec<MatRef> = ring.iter().map(|o| mat(kind, rows, cols, o)).collect();
+        let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+        let mut y = vec![0f32; rows];
+        g.throughput(Throughput::Bytes(bytes as u64));
+        for tier in tiers() {
+            for (t, pool) in &pools {
+                let id = BenchmarkId::new(name, format!("{}/{t}t", tier.name()));
+                let mut i = 0;
+                g.bench_function(id, |b| {
+                    b.iter(|| {
+                        i = (i + 1) % mats.len();
+                        pool.install(|| matmul_tier(tier, &mats[i], 0..rows, &x, 1, &mut y))
+                            .unwrap();
+                        black_box(&y);
+                    })
+                });
+            }
+        }
+    }
+}
+
+fn prefill(c: &mut Criterion) {
+    let pools = pools();
+    let mut g = c.benchmark_group("fma_peak");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(500));
+    let iters = 1 << 20;
+    for tier in tiers() {
+        let flops = fma_probe(tier, 1).unwrap().1 * iters as u64;
+        g.throughput(Throughput::Elements(flops));
+        g.bench_function(
+            BenchmarkId::new("register_fma", format!("{}/1t", tier.name())),
+            |b| b.iter(|| black_box(fma_probe(tier, black_box(iters)))),
+        );
+    }
+    drop(g);
+
+    let (rows, cols) = (1024, 4096);
+    let mut g = c.benchmark_group("prefill");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .sampling_mode(SamplingMode::Flat);
+    for (kname, kind) in [("fp8", Kind::Fp8), ("fp4", Kind::Fp4)] {
+        let o = make(kind, rows, cols, 3);
+        let m = mat(kind, rows, cols, &o);
+        for n in [64usize, 512] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| (i % 11) as f32 * 0.05 - 0.25)
+                .collect();
+            let mut y = vec![0f32; n * rows];
+            g.throughput(Throughput::Elements((2 * rows * cols * n) as u64));
+            for tier in tiers() {
+                if tier == Tier::Portable && n > 64 {
+                    continue;
+                }
+                for (t, pool) in &pools {
+                    let id = BenchmarkId::new(
+                        format!("{kname}_{rows}x{cols}_n{n}"),
+                        format!("{}/{t}t", tier.name()),
+                    );
+                    g.bench_function(id, |b| {
+                        b.iter(|| {
+                            pool.install(|| matmul_tier(tier, &m, 0..rows, &x, n, &mut y))
+                                .unwrap();
+                            black_box(&y);
+                        })
+                    });
+                }
+            }
+        }
+    }
+}
+
+criterion_group!(benches, stream, decode, prefill);
+
+fn main() {
+    // `cargo test --all-targets` runs bench targets too, with libtest flags (such as
+    // `--test-threads`) that criterion's command line rejects; the kernels are covered by the
+    // unit tests, so outside `cargo bench` this only says how to run it.
+    if !full_size() {
+        println!("kernels bench: run with `cargo bench --bench kernels`");
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -1,0 +1,211 @@
+//! The tier-independent half of `matmul`: splitting rows into tasks, preparing x, and
+//! choosing between the fused one-token path and the decode-then-multiply prefill path.
+//!
+//! Every tier computes one (row, token) output the same way, whatever n, the row range or
+//! the thread count:
+//!
+//! ```text
+//! acc[LANES] = 0
+//! for each chunk c of LANES columns (in the tier's column layout, zero padded):
+//!     acc = fma(w_dec[c], xp[c], acc)      // xp = x prepared for this row (see prep_x)
+//! y = hsum(acc) (fixed tree) * post       // post = 256 for FP8, 1 otherwise
+//! ```
+//!
+//! Scales never enter the loop as a separate step: every UE8M0 scale is a power of two, so
+//! the decoded weight times its scale is exact (FP4: the 16-entry table is scaled per
+//! 32-block; FP8: each decoded chunk is multiplied by its 128x128 block's scale), and a
+//! single running FMA chain per row replaces per-block partial sums. FP8 decodes through f16
+//! to `e4m3 / 256` (see the SIMD tiers); the `* 256` is applied once at the end, which is
+//! exact.
+//! Because the n = 1 path and the n > 1 path perform this same sequence of operations on
+//! the same values, each token's result is bit-identical to computing it alone.
+
+use super::{MatRef, Weights};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// A run of consecutive rows of one matrix, in the checkpoint layout.
+#[derive(Clone, Copy)]
+pub(crate) enum Rows<'a> {
+    /// [nrows, cols]
+    F32(&'a [f32]),
+    /// [nrows, cols * 2] little-endian bf16
+    Bf16(&'a [u8]),
+    /// q: [nrows, cols] e4m3; scale: [ceil(cols / 128)], the scale row of the one 128-row
+    /// block all these rows belong to.
+    Fp8 { q: &'a [u8], scale: &'a [u8] },
+    /// q: [nrows, cols / 2]; scale: [nrows, cols / 32]
+    Fp4 { q: &'a [u8], scale: &'a [u8] },
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct RowsView<'a> {
+    pub rows: Rows<'a>,
+    pub nrows: usize,
+    pub cols: usize,
+}
+
+/// One kernel tier. Values of implementing types exist only when the CPU supports the
+/// tier, so the methods are safe to call.
+pub(crate) trait Kernel: Copy + Send + Sync {
+    /// f32 lanes per vector chunk; the column layout is padded to a multiple of it.
+    const LANES: usize;
+    /// out[r] = dot(row r, xp) for every row of `w` (one token, decoded on the fly).
+    fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]);
+    /// wbuf[r * stride..][..cols rounded up to LANES] = the decoded row r in the tier's
+    /// layout, zero padded.
+    fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]);
+    /// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n over cols (rounded up to LANES);
+    /// wbuf rows and xp tokens are `stride` apart.
+    fn gemm(
+        self,
+        wbuf: &[f32],
+        nrows: usize,
+        cols: usize,
+        stride: usize,
+        xp: &[f32],
+        n: usize,
+        out: &mut [f32],
+    );
+}
+
+/// Rows decoded together in the prefill path.
+const GROUP: usize = 16;
+
+fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
+    let c = m.cols;
+    let rows = match m.w {
+        Weights::F32(d) => Rows::F32(&d[r.start * c..r.end * c]),
+        Weights::Bf16(d) => Rows::Bf16(&d[r.start * c * 2..r.end * c * 2]),
+        Weights::Fp8 { q, scale } => {
+            let (sc, rb) = (c.div_ceil(128), r.start / 128);
+            assert!(
+                r.is_empty() || (r.end - 1) / 128 == rb,
+                "fp8 rows span a block"
+            );
+            Rows::Fp8 {
+                q: &q[r.start * c..r.end * c],
+                scale: &scale[rb * sc..(rb + 1) * sc],
+            }
+        }
+        Weights::Fp4 { q, scale } => Rows::Fp4 {
+            q: &q[r.start * c / 2..r.end * c / 2],
+            scale: &scale[r.start * c / 32..r.end * c / 32],
+        },
+    };
+    RowsView {
+        rows,
+        nrows: r.len(),
+        cols: c,
+    }
+}
+
+/// x prepared for the kernels: [n, cp], zero padded. FP4: each group of 2 * lanes columns
+/// stored as [even columns..., odd columns...], matching the low/high nibble split of the
+/// packed bytes. Otherwise a copy.
+fn prep_x(m: &MatRef, x: &[f32], n: usize, cp: usize, lanes: usize) -> Vec<f32> {
+    let cols = m.cols;
+    let mut xp = vec![0f32; n * cp];
+    for (xs, d) in x.chunks_exact(cols).zip(xp.chunks_exact_mut(cp)) {
+        match m.w {
+            Weights::Fp4 { .. } => {
+                for (xg, dg) in xs
+                    .chunks_exact(2 * lanes)
+                    .zip(d.chunks_exact_mut(2 * lanes))
+                {
+                    for k in 0..lanes {
+                        dg[k] = xg[2 * k];
+                        dg[lanes + k] = xg[2 * k + 1];
+                    }
+                }
+            }
+            _ => d[..cols].copy_from_slice(xs),
+        }
+    }
+    xp
+}
+
+/// Rows per parallel task: enough tasks to balance the pool, at most one FP8 row block.
+fn task_rows(nr: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    nr.div_ceil(threads * 4)
+        .next_multiple_of(GROUP)
+        .clamp(GROUP, 128)
+}
+
+pub(crate) fn matmul<K: Kernel>(
+    k: K,
+    m: &MatRef,
+    rows: Range<usize>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    let nr = rows.len();
+    if nr == 0 || n == 0 {
+        return;
+    }
+    // Row stride of x and decoded weights: padded by 64 bytes so that rows of power-of-two
+    // length do not all map to the same L1 sets in the prefill micro-kernel.
+    let cp = m.cols.div_ceil(K::LANES) * K::LANES + 16;
+    let fp8 = matches!(m.w, Weights::Fp8 { .. });
+    let xp = prep_x(m, x, n, cp, K::LANES);
+
+    // Tasks never straddle an FP8 128-row block (a view has one scale row).
+    let step = task_rows(nr);
+    let mut tasks = Vec::new();
+    let mut r = rows.start;
+    while r < rows.end {
+        let mut e = (r + step).min(rows.end);
+        if fp8 {
+            e = e.min((r / 128 + 1) * 128);
+        }
+        tasks.push(r..e);
+        r = e;
+    }
+
+    // Outputs are computed row-major ([nr, n]) so tasks own contiguous slices.
+    let mut tmp = Vec::new();
+    let out: &mut [f32] = if n == 1 {
+        y
+    } else {
+        tmp.resize(nr * n, 0f32);
+        &mut tmp
+    };
+    let mut parts = Vec::with_capacity(tasks.len());
+    let mut rest = out;
+    for tr in tasks {
+        let (a, b) = rest.split_at_mut(tr.len() * n);
+        parts.push((tr, a));
+        rest = b;
+    }
+    parts.into_par_iter().for_each(|(tr, o)| {
+        if n == 1 {
+            k.dot_x1(&view(m, tr.clone()), &xp, o);
+        } else {
+            let mut wbuf = vec![0f32; GROUP * cp];
+            let mut g0 = tr.start;
+            while g0 < tr.end {
+                let g1 = (g0 + GROUP).min(tr.end);
+                let gl = g1 - g0;
+                k.decode(&view(m, g0..g1), cp, &mut wbuf[..gl * cp]);
+                let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
+                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, &xp, n, oo);
+                g0 = g1;
+            }
+        }
+        if fp8 {
+            for v in o.iter_mut() {
+                *v *= 256.0;
+            }
+        }
+    });
+    if n > 1 {
+        // [nr, n] -> [n, nr]
+        for (r, tr) in tmp.chunks_exact(n).enumerate() {
+            for (i, &v) in tr.iter().enumerate() {
+                y[i * nr + r] = v;
+            }
+        }
+    }
+}

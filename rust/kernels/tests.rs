@@ -1,0 +1,463 @@
+//! Every tier against the portable twin and an f64 reference on the dequantized weights,
+//! plus the determinism contract and exhaustive decode tables.
+//!
+//! Error budget: |y - ref| <= (cols / 4 + 16) * 2^-24 * sum|w * x| + 1e-37, the standard
+//! bound for an f32 sum of that many rounded steps (one FMA chain of cols / lanes steps per
+//! lane, a 4-step horizontal sum; the portable tier rounds twice per step).
+
+use super::*;
+use crate::dtype::{e4m3_to_f32, e8m0_to_f32, E2M1_LUT};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 32) as u8
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    F32,
+    Bf16,
+    Fp8,
+    Fp4,
+}
+const KINDS: [Kind; 4] = [Kind::F32, Kind::Bf16, Kind::Fp8, Kind::Fp4];
+
+/// Owned test matrix with its f64 dequantization.
+struct Mat {
+    rows: usize,
+    cols: usize,
+    kind: Kind,
+    f: Vec<f32>,
+    q: Vec<u8>,
+    s: Vec<u8>,
+    deq: Vec<f64>, // [rows, cols]
+}
+
+impl Mat {
+    fn new(kind: Kind, rows: usize, cols: usize, seed: u64) -> Mat {
+        let mut g = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) + 1);
+        let mut m = Mat {
+            rows,
+            cols,
+            kind,
+            f: vec![],
+            q: vec![],
+            s: vec![],
+            deq: vec![0.0; rows * cols],
+        };
+        match kind {
+            Kind::F32 => {
+                m.f = (0..rows * cols).map(|_| g.f32()).collect();
+                for (d, &v) in m.deq.iter_mut().zip(&m.f) {
+                    *d = v as f64;
+                }
+            }
+            Kind::Bf16 => {
+                for i in 0..rows * cols {
+                    let b = (g.f32() * 4.0).to_bits() >> 16;
+                    m.q.extend_from_slice(&(b as u16).to_le_bytes());
+                    m.deq[i] = f32::from_bits(b << 16) as f64;
+                }
+            }
+            Kind::Fp8 => {
+                // every byte but the NaN codes, including subnormals
+                m.q = (0..rows * cols)
+                    .map(|_| loop {
+                        let b = g.byte();
+                        if b & 0x7F != 0x7F {
+                            break b;
+                        }
+                    })
+                    .collect();
+                let sc = cols.div_ceil(128);
+                m.s = (0..rows.div_ceil(128) * sc)
+                    .map(|_| 118 + g.byte() % 16)
+                    .collect();
+                for r in 0..rows {
+                    for c in 0..cols {
+                        m.deq[r * cols + c] = e4m3_to_f32(m.q[r * cols + c]) as f64
+                            * e8m0_to_f32(m.s[(r / 128) * sc + c / 128]) as f64;
+                    }
+                }
+            }
+            Kind::Fp4 => {
+                m.q = (0..rows * cols / 2).map(|_| g.byte()).collect();
+                m.s = (0..rows * cols / 32).map(|_| 120 + g.byte() % 12).collect();
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let b = m.q[(r * cols + c) / 2];
+                        let nib = if c % 2 == 0 { b & 15 } else { b >> 4 };
+                        m.deq[r * cols + c] = E2M1_LUT[nib as usize] as f64
+                            * e8m0_to_f32(m.s[r * cols / 32 + c / 32]) as f64;
+                    }
+                }
+            }
+        }
+        m
+    }
+
+    fn mat_ref(&self) -> MatRef<'_> {
+        let w = match self.kind {
+            Kind::F32 => Weights::F32(&self.f),
+            Kind::Bf16 => Weights::Bf16(&self.q),
+            Kind::Fp8 => Weights::Fp8 {
+                q: &self.q,
+                scale: &self.s,
+            },
+            Kind::Fp4 => Weights::Fp4 {
+                q: &self.q,
+                scale: &self.s,
+            },
+        };
+        MatRef::new(self.rows, self.cols, w).unwrap()
+    }
+
+    /// (reference, budget) for y[t, r] over the row range.
+    fn reference(&self, rows: Range<usize>, x: &[f32], n: usize) -> (Vec<f64>, Vec<f64>) {
+        let nr = rows.len();
+        let (mut y, mut b) = (vec![0.0; n * nr], vec![0.0; n * nr]);
+        for t in 0..n {
+            for (i, r) in rows.clone().enumerate() {
+                let (mut s, mut a) = (0f64, 0f64);
+                for c in 0..self.cols {
+                    let p = self.deq[r * self.cols + c] * x[t * self.cols + c] as f64;
+                    s += p;
+                    a += p.abs();
+                }
+                y[t * nr + i] = s;
+                b[t * nr + i] = (self.cols as f64 / 4.0 + 16.0) * 2f64.powi(-24) * a + 1e-37;
+            }
+        }
+        (y, b)
+    }
+}
+
+/// x [n, cols] deliberately misaligned (offset by one f32 into its allocation).
+fn make_x(n: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut g = Rng(seed + 77);
+    (0..n * cols + 1).map(|_| g.f32()).collect()
+}
+
+fn tiers() -> Vec<Tier> {
+    let mut v = Vec::new();
+    for t in Tier::ALL {
+        if t.available() {
+            v.push(t);
+        } else {
+            println!("SKIP kernel tier {}: this CPU lacks it", t.name());
+        }
+    }
+    v
+}
+
+fn run_tier(t: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n * rows.len()];
+    matmul_tier(t, m, rows, x, n, &mut y).unwrap();
+    y
+}
+
+fn shapes(kind: Kind) -> Vec<(usize, usize)> {
+    if kind == Kind::Fp4 {
+        vec![(1, 32), (3, 64), (130, 96), (259, 160), (5, 544)]
+    } else {
+        let mut v = Vec::new();
+        for cols in 1..=33 {
+            v.push((3, cols));
+        }
+        for cols in [63, 100, 127, 128, 129, 200, 255, 256, 257, 300] {
+            v.push((5, cols));
+        }
+        v.push((130, 129));
+        v.push((259, 300));
+        v
+    }
+}
+
+#[test]
+fn kernels_match_f64_reference_and_portable() {
+    for tier in tiers() {
+        for kind in KINDS {
+            for (si, (rows, cols)) in shapes(kind).into_iter().enumerate() {
+                let m = Mat::new(kind, rows, cols, si as u64);
+                let mr = m.mat_ref();
+                let mut ranges: Vec<Range<usize>> = Vec::new();
+                ranges.push(0..rows);
+                if rows > 100 {
+                    ranges.push(100..rows);
+                    ranges.push(127..130);
+                }
+                for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 20] {
+                    if rows * cols > 10_000 && n > 4 && n != 9 {
+                        continue;
+                    }
+                    let xb = make_x(n, cols, (si * 31 + n) as u64);
+                    let x = &xb[1..];
+                    for rg in &ranges {
+                        let y = run_tier(tier, &mr, rg.clone(), x, n);
+                        let yp = run_tier(Tier::Portable, &mr, rg.clone(), x, n);
+                        let (yr, bud) = m.reference(rg.clone(), x, n);
+                        for i in 0..y.len() {
+                            let ctx = || {
+                                format!(
+                                    "{} {kind:?} [{rows}x{cols}] rows {rg:?} n {n} i {i}",
+                                    tier.name()
+                                )
+                            };
+                            assert!(
+                                (y[i] as f64 - yr[i]).abs() <= bud[i],
+                                "{}: {} vs ref {} (budget {})",
+                                ctx(),
+                                y[i],
+                                yr[i],
+                                bud[i]
+                            );
+                            assert!(
+                                ((y[i] - yp[i]) as f64).abs() <= 2.0 * bud[i],
+                                "{}: {} vs portable {}",
+                                ctx(),
+                                y[i],
+                                yp[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kernels_thread_count_bit_identical() {
+    for tier in tiers() {
+        for kind in KINDS {
+            let (rows, cols) = if kind == Kind::Fp4 {
+                (700, 256)
+            } else {
+                (700, 300)
+            };
+            let m = Mat::new(kind, rows, cols, 5);
+            let mr = m.mat_ref();
+            for n in [1, 5] {
+                let xb = make_x(n, cols, 9);
+                let x = &xb[1..];
+                let mut outs = Vec::new();
+                for threads in [1, 2, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    outs.push(pool.install(|| run_tier(tier, &mr, 3..rows, x, n)));
+                }
+                for o in &outs[1..] {
+                    let same = o
+                        .iter()
+                        .zip(&outs[0])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{} {kind:?} n {n}: thread counts differ", tier.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kernels_n_tokens_and_row_ranges_bit_identical_to_single() {
+    for tier in tiers() {
+        for (kind, rows, cols) in KINDS.into_iter().flat_map(|k| {
+            // the second shape spans several prefill column panels
+            let c = if k == Kind::Fp4 {
+                [224, 1056]
+            } else {
+                [211, 1100]
+            };
+            [(k, 261, c[0]), (k, 19, c[1])]
+        }) {
+            let m = Mat::new(kind, rows, cols, 11);
+            let mr = m.mat_ref();
+            for n in [2, 3, 4, 7, 9, 40] {
+                let xb = make_x(n, cols, n as u64);
+                let x = &xb[1..];
+                let full = run_tier(tier, &mr, 0..rows, x, n);
+                for rg in [0..rows, 3..rows, rows / 2..rows / 2 + 2, rows - 6..rows] {
+                    let nr = rg.len();
+                    let y = run_tier(tier, &mr, rg.clone(), x, n);
+                    for t in 0..n {
+                        let y1 = run_tier(tier, &mr, rg.clone(), &x[t * cols..(t + 1) * cols], 1);
+                        for i in 0..nr {
+                            let (a, b, c) = (y[t * nr + i], y1[i], full[t * rows + rg.start + i]);
+                            assert!(
+                                a.to_bits() == b.to_bits() && a.to_bits() == c.to_bits(),
+                                "{} {kind:?} n {n} rows {rg:?} token {t} row {i}: {a} / {b} / {c}",
+                                tier.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// y = W e_c for every column c, through both the one-token and the prefill path.
+fn unit_responses(tier: Tier, m: &MatRef) -> (Vec<f32>, Vec<f32>) {
+    let cols = m.cols;
+    let mut eye = vec![0f32; cols * cols];
+    for c in 0..cols {
+        eye[c * cols + c] = 1.0;
+    }
+    let many = run_tier(tier, m, 0..1, &eye, cols);
+    let one: Vec<f32> = (0..cols)
+        .map(|c| run_tier(tier, m, 0..1, &eye[c * cols..(c + 1) * cols], 1)[0])
+        .collect();
+    (one, many)
+}
+
+#[test]
+fn kernels_fp8_all_256_codes_exact() {
+    let q: Vec<u8> = (0..=255).collect();
+    let scale = [127u8, 127];
+    let m = MatRef::new(
+        1,
+        256,
+        Weights::Fp8 {
+            q: &q,
+            scale: &scale,
+        },
+    )
+    .unwrap();
+    for tier in tiers() {
+        let (one, many) = unit_responses(tier, &m);
+        for b in 0..256usize {
+            let want = if b & 0x7F == 0x7F {
+                if b & 0x80 != 0 {
+                    -480.0
+                } else {
+                    480.0
+                }
+            } else {
+                e4m3_to_f32(b as u8)
+            };
+            assert_eq!(one[b], want, "{} byte {b:#x}", tier.name());
+            assert_eq!(many[b], want, "{} byte {b:#x} (n > 1)", tier.name());
+        }
+    }
+}
+
+#[test]
+fn kernels_fp4_all_16_codes_exact() {
+    // byte k holds nibble k (even column 2k) and nibble 15 - k (odd column 2k + 1)
+    let q: Vec<u8> = (0..16u8).map(|k| k | ((15 - k) << 4)).collect();
+    let scale = [127u8];
+    let m = MatRef::new(
+        1,
+        32,
+        Weights::Fp4 {
+            q: &q,
+            scale: &scale,
+        },
+    )
+    .unwrap();
+    for tier in tiers() {
+        let (one, many) = unit_responses(tier, &m);
+        for c in 0..32 {
+            let nib = if c % 2 == 0 { c / 2 } else { 15 - c / 2 };
+            assert_eq!(one[c], E2M1_LUT[nib], "{} col {c}", tier.name());
+            assert_eq!(many[c], E2M1_LUT[nib], "{} col {c} (n > 1)", tier.name());
+        }
+    }
+}
+
+#[test]
+fn kernels_e8m0_all_exponents_exact() {
+    for tier in tiers() {
+        for s in 0u8..255 {
+            let want = 2f64.powi(s as i32 - 127);
+            let q8 = [0x38u8]; // 1.0
+            let sc = [s];
+            let m = MatRef::new(1, 1, Weights::Fp8 { q: &q8, scale: &sc }).unwrap();
+            let y = run_tier(tier, &m, 0..1, &[1.0], 1)[0];
+            assert_eq!(y as f64, want, "{} fp8 scale byte {s}", tier.name());
+            let mut q4 = [0u8; 16];
+            q4[0] = 2; // 1.0 in column 0
+            let m = MatRef::new(1, 32, Weights::Fp4 { q: &q4, scale: &sc }).unwrap();
+            let mut x = [0f32; 32];
+            x[0] = 1.0;
+            let y = run_tier(tier, &m, 0..1, &x, 1)[0];
+            assert_eq!(y as f64, want, "{} fp4 scale byte {s}", tier.name());
+        }
+    }
+}
+
+#[test]
+fn kernels_bf16_unaligned_weights() {
+    // bf16 bytes starting at an odd address
+    let m = Mat::new(Kind::Bf16, 9, 37, 3);
+    let mut buf = vec![0u8; 1];
+    buf.extend_from_slice(&m.q);
+    let mr = MatRef::new(9, 37, Weights::Bf16(&buf[1..])).unwrap();
+    let xb = make_x(2, 37, 1);
+    let (yr, bud) = m.reference(0..9, &xb[1..], 2);
+    for tier in tiers() {
+        let y = run_tier(tier, &mr, 0..9, &xb[1..], 2);
+        for i in 0..y.len() {
+            assert!(
+                (y[i] as f64 - yr[i]).abs() <= bud[i],
+                "{} i {i}",
+                tier.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn kernels_tier_selection() {
+    for t in Tier::ALL {
+        assert_eq!(Tier::from_name(t.name()), Some(t));
+    }
+    assert!(Tier::Portable.available());
+    assert!(Tier::best().available());
+    let active = active_tier();
+    assert_eq!(tier_name(), active.name());
+    match std::env::var("V4FLASH_KERNELS")
+        .ok()
+        .and_then(|s| Tier::from_name(&s))
+    {
+        Some(t) if t.available() => assert_eq!(active, t),
+        _ => assert_eq!(active, Tier::best()),
+    }
+    println!("active kernel tier: {}", active.name());
+}
+
+#[test]
+fn kernels_matref_rejects_bad_lengths() {
+    assert!(MatRef::new(2, 3, Weights::F32(&[0.0; 5])).is_err());
+    assert!(MatRef::new(
+        2,
+        30,
+        Weights::Fp4 {
+            q: &[0; 30],
+            scale: &[0; 2]
+        }
+    )
+    .is_err());
+    assert!(MatRef::new(
+        129,
+        1,
+        Weights::Fp8 {
+            q: &[0; 129],
+            scale: &[0; 1]
+        }
+    )
+    .is_err());
+}
