@@ -331,6 +331,10 @@ impl PyModel {
         d.set_item("io_engine", m.experts.engine)?;
         d.set_item("direct_io", m.experts.direct_io())?;
         d.set_item("kernel_tier", crate::kernels::tier_name())?;
+        let (kns, kflops) = crate::kernels::kernel_counters();
+        d.set_item("kernel_s", kns as f64 * 1e-9)?;
+        d.set_item("kernel_gflop", kflops as f64 * 1e-9)?;
+        d.set_item("prefaulted_slots", m.experts.prefaulted())?;
         d.set_item("threads", m.threads)?;
         Ok(d)
     }

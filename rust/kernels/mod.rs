@@ -25,6 +25,7 @@ mod portable;
 mod x86;
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// A weight matrix [rows, cols] in one of the checkpoint's formats, borrowed.
@@ -101,7 +102,20 @@ pub fn matmul(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]
     );
     assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
     assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
-    run(active_tier(), m, rows, x, n, y)
+    let t0 = std::time::Instant::now();
+    let flops = 2 * (rows.len() * m.cols * n) as u64;
+    run(active_tier(), m, rows, x, n, y);
+    KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
+}
+
+static KERNEL_NS: AtomicU64 = AtomicU64::new(0);
+static KERNEL_FLOPS: AtomicU64 = AtomicU64::new(0);
+
+/// Process-wide (wall nanoseconds inside `matmul`, flops it performed): the benchmark's
+/// kernel GFLOP/s during prefill.
+pub fn kernel_counters() -> (u64, u64) {
+    (KERNEL_NS.load(Ordering::Relaxed), KERNEL_FLOPS.load(Ordering::Relaxed))
 }
 
 /// `matmul` on a given tier regardless of the override (for tests and benches).

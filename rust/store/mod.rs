@@ -411,6 +411,11 @@ impl ExpertStore {
         &self.sh.counters
     }
 
+    /// Slots pre-faulted so far (the background pre-fault runs at idle priority).
+    pub fn prefaulted(&self) -> usize {
+        self.sh.region.as_ref().map_or(0, |r| r.faulted())
+    }
+
     pub fn region_bytes(&self) -> usize {
         self.sh.region.as_ref().map_or(0, |r| r.bytes())
     }

@@ -102,6 +102,7 @@ pub fn spawn_prefault(region: Arc<Region>, lock: Arc<std::sync::Mutex<()>>) {
     std::thread::Builder::new()
         .name("v4flash-prefault".into())
         .spawn(move || loop {
+            lower_priority_once();
             let g = lock.lock().unwrap_or_else(|p| p.into_inner());
             let more = region.fault_next();
             drop(g);
@@ -110,4 +111,30 @@ pub fn spawn_prefault(region: Arc<Region>, lock: Arc<std::sync::Mutex<()>>) {
             }
         })
         .ok();
+}
+
+/// Runs the pre-fault at idle priority: first-touch zeroing of a large cache costs seconds of
+/// CPU (tens of seconds in some VMs), and on a machine with few cores it must only use cycles
+/// that compute leaves idle (waits on disk, the user typing), never slow a prefill or decode.
+fn lower_priority_once() {
+    thread_local! {
+        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if DONE.with(|d| d.replace(true)) {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sets the calling thread's (pid 0 = self) scheduling policy with a valid,
+        // initialised parameter struct; failure is harmless (the thread keeps its policy).
+        let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        if r != 0 {
+            // SAFETY: on Linux nice(2) changes only the calling thread; failure is harmless.
+            unsafe {
+                libc::nice(19);
+            }
+        }
+    }
+    // elsewhere the pre-fault keeps the default priority (macOS nice is per process)
 }
