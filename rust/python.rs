@@ -280,6 +280,23 @@ impl PyModel {
         Ok((f32_bytes(py, &v), ids.len(), self.inner.cfg.vocab_size))
     }
 
+    /// Reads (without computing) the given experts of a layer into the cache and returns the
+    /// wall seconds; for measuring the store's cold-read throughput.
+    fn read_experts(&self, py: Python<'_>, layer: usize, experts: Vec<usize>) -> PyResult<f64> {
+        let m = self.inner.clone();
+        if layer >= m.cfg.num_layers || experts.iter().any(|&e| e >= m.cfg.n_routed_experts) {
+            return Err(PyValueError::new_err("layer or expert index out of range"));
+        }
+        run_cancellable(py, |_| {
+            let t0 = std::time::Instant::now();
+            for wave in experts.chunks(m.experts.max_batch().max(1)) {
+                let mut pins = m.experts.acquire(layer, wave)?;
+                while m.experts.wait_any(&mut pins)?.is_some() {}
+            }
+            Ok(t0.elapsed().as_secs_f64())
+        })
+    }
+
     fn session(&self) -> PySession {
         PySession {
             model: self.inner.clone(),

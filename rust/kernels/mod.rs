@@ -115,7 +115,10 @@ static KERNEL_FLOPS: AtomicU64 = AtomicU64::new(0);
 /// Process-wide (wall nanoseconds inside `matmul`, flops it performed): the benchmark's
 /// kernel GFLOP/s during prefill.
 pub fn kernel_counters() -> (u64, u64) {
-    (KERNEL_NS.load(Ordering::Relaxed), KERNEL_FLOPS.load(Ordering::Relaxed))
+    (
+        KERNEL_NS.load(Ordering::Relaxed),
+        KERNEL_FLOPS.load(Ordering::Relaxed),
+    )
 }
 
 /// `matmul` on a given tier regardless of the override (for tests and benches).
