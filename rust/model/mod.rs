@@ -139,6 +139,8 @@ impl Model {
             Some(n) => n,
             None => cfg.max_position_embeddings.min(DEFAULT_CTX),
         };
+        // the embedding first: a checkpoint of another layout is reported by its first tensor
+        ck.tensor("embed.weight")?;
         let slot = crate::store::slot_size(&ck, &cfg)?;
         let plan = crate::plan::plan(
             &ck,
@@ -314,67 +316,22 @@ impl Model {
             if cancel() {
                 return Err(Error::Cancelled);
             }
-            // attention block
-            let mixes: Vec<hc::HcMix> = (0..n)
-                .map(|t| {
-                    layer.hc_attn.mix(
-                        &x[t * hcm * h..(t + 1) * hcm * h],
-                        hcm,
-                        c.hc_sinkhorn_iters,
-                        c.hc_eps,
-                        c.rms_norm_eps,
-                    )
-                })
-                .collect();
-            let mut xin = vec![0f32; n * h];
-            for (t, m) in mixes.iter().enumerate() {
-                let dst = &mut xin[t * h..(t + 1) * h];
-                dst.copy_from_slice(&m.collapsed);
-                ops::rms_norm(dst, &layer.attn_norm, c.rms_norm_eps);
-            }
+            // attention block: X' = post ⊗ attn(norm(pre · X)) + combᵀ · X
+            let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, &x, n);
             let t0 = Instant::now();
             let a = layer.attn.forward(&cx, &mut st.layers[l], &xin, n, pos0);
             self.counters
                 .attn_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            for (t, m) in mixes.iter().enumerate() {
-                hc::write_back(
-                    &mut x[t * hcm * h..(t + 1) * hcm * h],
-                    &a[t * h..(t + 1) * h],
-                    m,
-                    hcm,
-                );
-            }
-            // MoE block
-            let mixes: Vec<hc::HcMix> = (0..n)
-                .map(|t| {
-                    layer.hc_ffn.mix(
-                        &x[t * hcm * h..(t + 1) * hcm * h],
-                        hcm,
-                        c.hc_sinkhorn_iters,
-                        c.hc_eps,
-                        c.rms_norm_eps,
-                    )
-                })
-                .collect();
-            for (t, m) in mixes.iter().enumerate() {
-                let dst = &mut xin[t * h..(t + 1) * h];
-                dst.copy_from_slice(&m.collapsed);
-                ops::rms_norm(dst, &layer.ffn_norm, c.rms_norm_eps);
-            }
+            hc_out(&mut x, &a, &mixes, hcm);
+            // MoE block, the same way around the experts
+            let (mixes, xin) = self.hc_in(&layer.hc_ffn, &layer.ffn_norm, &x, n);
             let t0 = Instant::now();
             let f = layer.moe.forward(c, l, &self.experts, &xin, ids, n)?;
             self.counters
                 .moe_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            for (t, m) in mixes.iter().enumerate() {
-                hc::write_back(
-                    &mut x[t * hcm * h..(t + 1) * hcm * h],
-                    &f[t * h..(t + 1) * h],
-                    m,
-                    hcm,
-                );
-            }
+            hc_out(&mut x, &f, &mixes, hcm);
         }
         st.tokens.extend_from_slice(ids);
         let rows: Vec<usize> = match want {
@@ -402,6 +359,52 @@ impl Model {
             .head_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(logits)
+    }
+}
+
+impl Model {
+    /// One hyper-connection's input side for n tokens: the mixes of x [n, hc, H] and the
+    /// collapsed, RMS-normed block input [n, H].
+    fn hc_in(
+        &self,
+        hcw: &HyperConn,
+        norm: &[f32],
+        x: &[f32],
+        n: usize,
+    ) -> (Vec<hc::HcMix>, Vec<f32>) {
+        let c = &self.cfg;
+        let (h, hcm) = (c.hidden_size, c.hc_mult);
+        let mixes: Vec<hc::HcMix> = (0..n)
+            .map(|t| {
+                hcw.mix(
+                    &x[t * hcm * h..(t + 1) * hcm * h],
+                    hcm,
+                    c.hc_sinkhorn_iters,
+                    c.hc_eps,
+                    c.rms_norm_eps,
+                )
+            })
+            .collect();
+        let mut xin = vec![0f32; n * h];
+        for (t, m) in mixes.iter().enumerate() {
+            let dst = &mut xin[t * h..(t + 1) * h];
+            dst.copy_from_slice(&m.collapsed);
+            ops::rms_norm(dst, norm, c.rms_norm_eps);
+        }
+        (mixes, xin)
+    }
+}
+
+/// The output side: writes each token's block output back into its streams.
+fn hc_out(x: &mut [f32], out: &[f32], mixes: &[hc::HcMix], hcm: usize) {
+    let h = out.len() / mixes.len().max(1);
+    for (t, m) in mixes.iter().enumerate() {
+        hc::write_back(
+            &mut x[t * hcm * h..(t + 1) * hcm * h],
+            &out[t * h..(t + 1) * h],
+            m,
+            hcm,
+        );
     }
 }
 

@@ -105,12 +105,40 @@ fn envelope(off: u64, len: u64) -> usize {
     ((off + len).div_ceil(a) * a - start) as usize
 }
 
+/// Why an expert could not be loaded: a read error (OSError in Python) or bad data in the
+/// checkpoint (V4FlashError).
+#[derive(Clone, Debug, PartialEq)]
+enum Failure {
+    Read(String),
+    Checkpoint { file: String, msg: String },
+}
+
+impl Failure {
+    fn from_error(e: Error) -> Failure {
+        match e {
+            Error::Checkpoint { file, msg } => Failure::Checkpoint { file, msg },
+            e => Failure::Read(e.to_string()),
+        }
+    }
+
+    fn to_error(&self) -> Error {
+        match self {
+            Failure::Read(m) => Error::Read(m.clone()),
+            Failure::Checkpoint { file, msg } => Error::Checkpoint {
+                file: file.clone(),
+                msg: msg.clone(),
+            },
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 enum SlotState {
     Empty,
     Loading,
     Ready,
-    Failed(String),
+    /// The read failed: the error to hand to every waiter (kept cloneable).
+    Failed(Failure),
 }
 
 struct Slot {
@@ -205,38 +233,28 @@ pub struct ExpertView<'a> {
 }
 
 impl ExpertView<'_> {
-    /// w1 (gate) [I, H]
-    pub fn w1(&self) -> MatRef<'_> {
+    /// Part pair k (weight 2k, scale 2k+1) as an FP4 matrix [rows, cols].
+    fn fp4(&self, k: usize, rows: usize, cols: usize) -> MatRef<'_> {
         MatRef {
-            rows: self.inter,
-            cols: self.hidden,
+            rows,
+            cols,
             w: Weights::Fp4 {
-                q: self.parts[0],
-                scale: self.parts[1],
+                q: self.parts[2 * k],
+                scale: self.parts[2 * k + 1],
             },
         }
+    }
+    /// w1 (gate) [I, H]
+    pub fn w1(&self) -> MatRef<'_> {
+        self.fp4(0, self.inter, self.hidden)
     }
     /// w3 (up) [I, H]
     pub fn w3(&self) -> MatRef<'_> {
-        MatRef {
-            rows: self.inter,
-            cols: self.hidden,
-            w: Weights::Fp4 {
-                q: self.parts[2],
-                scale: self.parts[3],
-            },
-        }
+        self.fp4(1, self.inter, self.hidden)
     }
     /// w2 (down) [H, I]
     pub fn w2(&self) -> MatRef<'_> {
-        MatRef {
-            rows: self.hidden,
-            cols: self.inter,
-            w: Weights::Fp4 {
-                q: self.parts[4],
-                scale: self.parts[5],
-            },
-        }
+        self.fp4(2, self.hidden, self.inter)
     }
 }
 
@@ -663,8 +681,8 @@ impl ExpertStore {
                         found = Some(Ok(i));
                         break;
                     }
-                    SlotState::Failed(msg) => {
-                        found = Some(Err(msg.clone()));
+                    SlotState::Failed(f) => {
+                        found = Some(Err(f.clone()));
                         break;
                     }
                     _ => {}
@@ -686,7 +704,7 @@ impl ExpertStore {
                 pins[i].ready = true;
                 Ok(Some(i))
             }
-            Err(msg) => Err(Error::Read(msg)),
+            Err(f) => Err(f.to_error()),
         }
     }
 
@@ -797,7 +815,7 @@ fn finish_job(sh: &Shared, job: &Job, res: Result<usize>, t0: Instant) {
                 .fetch_add(n as u64, Ordering::Relaxed);
         }
         Err(e) => {
-            s.state = SlotState::Failed(e.to_string());
+            s.state = SlotState::Failed(Failure::from_error(e));
             if s.pins == 0 {
                 if let Some(k) = s.key.take() {
                     g.map.remove(&k);
