@@ -12,7 +12,7 @@ use crate::store::policy::Policy;
 use pyo3::create_exception;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyOSError,
-    PyRuntimeError, PyValueError,
+    PyPermissionError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -32,6 +32,9 @@ pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::NotFound { .. } => PyFileNotFoundError::new_err(msg),
+        Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            PyPermissionError::new_err(msg)
+        }
         Error::Io { .. } | Error::Read(_) => PyOSError::new_err(msg),
         Error::Checkpoint { .. } | Error::Config(_) => V4FlashError::new_err(msg),
         Error::InvalidArgument(_) => PyValueError::new_err(msg),
