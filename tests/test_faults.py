@@ -194,10 +194,9 @@ def test_second_concurrent_call_on_a_session_is_rejected_as_busy():
             s.snapshot,
             s.reset,
         ):
-            t0 = time.monotonic()
+            # a call that waited for the lock would succeed instead of raising "busy"
             with pytest.raises(RuntimeError, match="busy") as ei:
                 call()
-            assert time.monotonic() - t0 < 0.5, "the second call waited instead of failing"
             busy.append(str(ei.value))
     t.join()
     assert not errs, errs
