@@ -419,7 +419,6 @@ fn flush(
     if all.is_empty() {
         return Ok(());
     }
-    m.check_ids(&all)?;
     let v = m.forward(&mut s.st, &all, want, cancel)?;
     s.pending = None;
     s.last = if want == Want::Last { Some(v) } else { None };

@@ -97,20 +97,10 @@ class Session:
         temperature is 0), stopping after a stop id (default: EOS). Ctrl-C raises
         ``KeyboardInterrupt``; the tokens produced so far stay in the session
         (``Session.tokens``) and the session stays usable."""
-        n = _int_arg(max_new_tokens, "max_new_tokens", 1)
-        s = _Sampling(temperature, top_p, top_k, seed)
-        stops = self._model._stops(stop_ids)
-        return list(
-            self._core.generate(
-                self._model._check(_ids(ids, allow_empty=True)),
-                n,
-                s.temperature,
-                s.top_p,
-                s.top_k,
-                s.seed,
-                stops,
-            )
+        first, n, s, stops = self._prepare(
+            ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids
         )
+        return list(self._core.generate(first, n, s.temperature, s.top_p, s.top_k, s.seed, stops))
 
     def stream(
         self,
@@ -123,11 +113,17 @@ class Session:
         stop_ids: Optional[Sequence[int]] = None,
     ) -> Iterator[int]:
         """Like ``generate`` but yields each token as soon as it is sampled."""
+        first, n, s, stops = self._prepare(
+            ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids
+        )
+        return self._stream(first, n, s, set(stops))
+
+    def _prepare(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids):
+        """Checks the arguments shared by ``generate`` and ``stream``."""
         n = _int_arg(max_new_tokens, "max_new_tokens", 1)
         s = _Sampling(temperature, top_p, top_k, seed)
-        stops = set(self._model._stops(stop_ids))
-        first = self._model._check(_ids(ids, allow_empty=True))
-        return self._stream(first, n, s, stops)
+        stops = self._model._stops(stop_ids)
+        return self._model._check(_ids(ids, allow_empty=True)), n, s, stops
 
     def _stream(self, first, n, s, stops) -> Iterator[int]:
         feed = first
