@@ -45,6 +45,10 @@ pub enum Error {
     #[error("cancelled")]
     Cancelled,
 
+    /// The operating system refused a resource that is not memory (a thread, a ring).
+    #[error("{0}")]
+    System(String),
+
     /// A session is already in use by another call.
     #[error("{0}")]
     Busy(String),

@@ -6,6 +6,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
+use crate::model::DEFAULT_CTX;
 
 /// Python, libraries, thread stacks and allocator slack, counted against the budget.
 pub const OVERHEAD_BYTES: u64 = 400 << 20;
@@ -34,15 +35,17 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Saturating, although `plan()` refuses any plan whose sums overflow.
     pub fn cache_bytes(&self) -> u64 {
-        self.slots as u64 * self.slot_bytes
+        (self.slots as u64).saturating_mul(self.slot_bytes)
     }
+    /// Saturating, although `plan()` refuses any plan whose sums overflow.
     pub fn total_bytes(&self) -> u64 {
         self.dense_bytes
-            + self.state_bytes
-            + self.scratch_bytes
-            + self.overhead_bytes
-            + self.cache_bytes()
+            .saturating_add(self.state_bytes)
+            .saturating_add(self.scratch_bytes)
+            .saturating_add(self.overhead_bytes)
+            .saturating_add(self.cache_bytes())
     }
 }
 
@@ -50,38 +53,96 @@ fn is_routed_expert(name: &str) -> bool {
     name.contains(".ffn.experts.")
 }
 
-/// Session state bytes at `ctx` tokens (f32).
-pub fn state_bytes(c: &ModelConfig, ctx: usize) -> u64 {
-    let (d, id) = (c.head_dim as u64, c.index_head_dim as u64);
-    let win = c.sliding_window.saturating_sub(1) as u64 * d;
-    let mut elems = 0u64;
-    for k in &c.layer_kinds {
-        elems += 2 * win; // ring + the copy kept while a call runs
-        elems += match *k {
-            LayerKind::Sliding => 0,
-            LayerKind::Hca { ratio } => (ctx / ratio) as u64 * d + 2 * ratio as u64 * d,
-            LayerKind::Csa { ratio } => {
-                (ctx / ratio) as u64 * (d + id)
-                    + 4 * ratio as u64 * (d + id)
-                    + 2 * ratio as u64 * (d + id)
-            }
-        };
+/// The context length a model runs with: `ctx` when given (at least 1 token, at most the
+/// model's `max_position_embeddings`), else min(max_position_embeddings, DEFAULT_CTX). The one
+/// place this is decided: loading a model and planning one without loading both call it.
+pub fn resolve_ctx(cfg: &ModelConfig, ctx: Option<usize>) -> Result<usize> {
+    match ctx {
+        Some(0) => Err(Error::arg("ctx must be at least 1 token")),
+        Some(n) if n > cfg.max_position_embeddings => Err(Error::arg(format!(
+            "ctx {n} exceeds the model's max_position_embeddings ({})",
+            cfg.max_position_embeddings
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(cfg.max_position_embeddings.min(DEFAULT_CTX)),
     }
-    elems * 4
 }
 
-/// Scratch for one prefill chunk (activations, attention outputs, expert buffers, logits).
-pub fn scratch_bytes(c: &ModelConfig) -> u64 {
+/// The error for a size that does not fit in u64 bytes: no budget can hold it.
+fn beyond_u64(ctx: usize, what: &str) -> Error {
+    Error::Memory(format!(
+        "ctx {ctx} is too large for any memory budget: {what} would need more than 2^64 bytes; \
+         lower ctx (--ctx)"
+    ))
+}
+
+/// Session state bytes at `ctx` tokens (f32); `Error::Memory` when that exceeds u64.
+pub fn state_bytes(c: &ModelConfig, ctx: usize) -> Result<u64> {
+    state_elems(c, ctx)
+        .and_then(|e| e.checked_mul(4))
+        .ok_or_else(|| beyond_u64(ctx, "the session state alone"))
+}
+
+fn state_elems(c: &ModelConfig, ctx: usize) -> Option<u64> {
+    let (d, id) = (c.head_dim as u64, c.index_head_dim as u64);
+    let ctx = u64::try_from(ctx).ok()?;
+    let win = (c.sliding_window.saturating_sub(1) as u64).checked_mul(d)?;
+    let mut elems = 0u64;
+    for k in &c.layer_kinds {
+        // ring + the copy kept while a call runs
+        elems = elems.checked_add(win.checked_mul(2)?)?;
+        elems = elems.checked_add(match *k {
+            LayerKind::Sliding => 0,
+            LayerKind::Hca { ratio } => {
+                let r = ratio as u64;
+                // compressed entries + the pending buffer (2 × ratio rows)
+                (ctx / r)
+                    .checked_mul(d)?
+                    .checked_add(r.checked_mul(2)?.checked_mul(d)?)?
+            }
+            LayerKind::Csa { ratio } => {
+                let (r, w) = (ratio as u64, d.checked_add(id)?);
+                // compressed entries + pending (4 × ratio) + overlap halves (2 × ratio)
+                (ctx / r)
+                    .checked_mul(w)?
+                    .checked_add(r.checked_mul(6)?.checked_mul(w)?)?
+            }
+        })?;
+    }
+    Some(elems)
+}
+
+/// Scratch for one prefill chunk (activations, attention outputs, expert buffers, logits);
+/// `Error::Memory` when that exceeds u64.
+pub fn scratch_bytes(c: &ModelConfig) -> Result<u64> {
+    scratch(c).ok_or_else(|| {
+        Error::Memory(
+            "the model's dimensions are too large for any memory budget: the scratch buffers \
+             would need more than 2^64 bytes"
+                .into(),
+        )
+    })
+}
+
+fn scratch(c: &ModelConfig) -> Option<u64> {
     let n = PREFILL_CHUNK as u64;
-    let (h, qd) = (c.hidden_size as u64, (c.num_heads * c.head_dim) as u64);
-    let per_tok = 3 * qd
-        + 12 * h
-        + c.hc_mult as u64 * h * 2
-        + c.experts_per_tok as u64 * h * 2
-        + 4 * c.moe_inter as u64
-        + (c.index_n_heads * c.index_head_dim) as u64
-        + (c.o_groups * c.o_lora_rank) as u64 * 2;
-    (n * per_tok + 2 * c.vocab_size as u64) * 4
+    let u = |x: usize| x as u64;
+    let (h, qd) = (u(c.hidden_size), u(c.num_heads).checked_mul(u(c.head_dim))?);
+    let terms = [
+        qd.checked_mul(3)?,
+        h.checked_mul(12)?,
+        u(c.hc_mult).checked_mul(h)?.checked_mul(2)?,
+        u(c.experts_per_tok).checked_mul(h)?.checked_mul(2)?,
+        u(c.moe_inter).checked_mul(4)?,
+        u(c.index_n_heads).checked_mul(u(c.index_head_dim))?,
+        u(c.o_groups)
+            .checked_mul(u(c.o_lora_rank))?
+            .checked_mul(2)?,
+    ];
+    let per_tok = terms.iter().try_fold(0u64, |a, &t| a.checked_add(t))?;
+    n.checked_mul(per_tok)?
+        .checked_add(u(c.vocab_size).checked_mul(2)?)?
+        .checked_mul(4)
 }
 
 pub fn plan(
@@ -98,21 +159,36 @@ pub fn plan(
         if is_routed_expert(name) || name.starts_with("mtp.") {
             continue;
         }
-        let t = ck.get(name).expect("name from the table");
-        dense += t.len;
+        let Some(t) = ck.get(name) else { continue };
+        dense = dense.checked_add(t.len).ok_or_else(|| {
+            Error::Memory("the checkpoint's dense weights add up to more than 2^64 bytes".into())
+        })?;
         if name == "embed.weight" || name == "head.weight" {
-            eh += t.len;
+            eh = eh.saturating_add(t.len); // at most `dense`
         }
     }
-    let total_experts = c.num_layers * c.n_routed_experts;
-    let state = state_bytes(c, ctx);
-    let scratch = scratch_bytes(c);
-    let fixed = dense + state + scratch + OVERHEAD_BYTES;
+    let total_experts = c.num_layers.saturating_mul(c.n_routed_experts);
+    let state = state_bytes(c, ctx)?;
+    let scratch = scratch_bytes(c)?;
+    let fixed = [state, scratch, OVERHEAD_BYTES]
+        .iter()
+        .try_fold(dense, |a, &b| a.checked_add(b))
+        .ok_or_else(|| {
+            beyond_u64(
+                ctx,
+                "the dense weights, session state, scratch and overhead together",
+            )
+        })?;
     let gb = |b: u64| b as f64 / 1e9;
     let min_slots = c.experts_per_tok;
+    let min_slot_bytes = (min_slots as u64)
+        .checked_mul(slot_bytes)
+        .ok_or_else(|| beyond_u64(ctx, "the minimum expert cache"))?;
+    let need = fixed
+        .checked_add(min_slot_bytes)
+        .ok_or_else(|| beyond_u64(ctx, "the minimum working set"))?;
     let (budget, available, room) = match ram_bytes {
         Some(b) => {
-            let need = fixed + min_slots as u64 * slot_bytes;
             if b < need {
                 return Err(Error::Memory(format!(
                     "a RAM budget of {:.2} GB cannot run this model: it needs at least {:.2} GB \
@@ -124,7 +200,7 @@ pub fn plan(
                     gb(state),
                     gb(scratch),
                     gb(OVERHEAD_BYTES),
-                    gb(min_slots as u64 * slot_bytes)
+                    gb(min_slot_bytes)
                 )));
             }
             (Some(b), None, b - fixed)
@@ -141,9 +217,12 @@ pub fn plan(
             (None, avail, room)
         }
     };
-    let mut slots = ((room / slot_bytes.max(1)) as usize).min(total_experts);
+    let fit = usize::try_from(room / slot_bytes.max(1)).unwrap_or(usize::MAX);
+    let mut slots = fit.min(total_experts);
     if let Some(cb) = expert_cache_bytes {
-        let want = ((cb / slot_bytes.max(1)) as usize).clamp(1, total_experts);
+        let want = usize::try_from(cb / slot_bytes.max(1))
+            .unwrap_or(usize::MAX)
+            .clamp(1, total_experts.max(1));
         if budget.is_some() && want > slots {
             return Err(Error::Memory(format!(
                 "an expert cache of {:.2} GB ({want} experts) does not fit in the RAM budget of {:.2} GB, \
@@ -158,6 +237,11 @@ pub fn plan(
     if slots == 0 {
         slots = min_slots.min(total_experts).max(1);
     }
+    // the whole plan's sum must be representable too (no budget: nothing above bounded it)
+    (slots as u64)
+        .checked_mul(slot_bytes)
+        .and_then(|cache| fixed.checked_add(cache))
+        .ok_or_else(|| beyond_u64(ctx, "the plan's total"))?;
     Ok(Plan {
         budget,
         available,
@@ -181,7 +265,7 @@ pub fn available_memory() -> Option<u64> {
         for line in s.lines() {
             if let Some(rest) = line.strip_prefix("MemAvailable:") {
                 let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-                return Some(kb * 1024);
+                return kb.checked_mul(1024);
             }
         }
         None
@@ -196,8 +280,7 @@ pub fn available_memory() -> Option<u64> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn state_grows_with_context() {
+    fn real() -> ModelConfig {
         let v = serde_json::json!({
             "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
             "num_attention_heads": 64, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
@@ -209,11 +292,97 @@ mod tests {
             "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6, "index_n_heads": 64,
             "index_head_dim": 128, "index_topk": 512, "num_nextn_predict_layers": 1
         });
-        let c = ModelConfig::from_json(&v).unwrap();
-        let a = state_bytes(&c, 4096);
-        let b = state_bytes(&c, 8192);
+        ModelConfig::from_json(&v).unwrap()
+    }
+
+    fn fixture() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-a")
+    }
+
+    #[test]
+    fn state_grows_with_context() {
+        let c = real();
+        let a = state_bytes(&c, 4096).unwrap();
+        let b = state_bytes(&c, 8192).unwrap();
         // 21 CSA layers × (512+128)/4 + 20 HCA × 512/128 = 3440 f32 per token
         assert_eq!(b - a, 4096 * 3440 * 4);
-        assert!(scratch_bytes(&c) < 1 << 30);
+        assert!(scratch_bytes(&c).unwrap() < 1 << 30);
+    }
+
+    #[test]
+    fn state_beyond_u64_is_a_memory_error() {
+        let c = real();
+        // 3440 f32 per token: 2^58 tokens need about 2^69.7 bytes
+        for ctx in [1usize << 58, 1 << 62, usize::MAX] {
+            match state_bytes(&c, ctx) {
+                Err(Error::Memory(m)) => {
+                    assert!(m.contains(&format!("ctx {ctx} ")), "{m}");
+                    assert!(m.contains("more than 2^64 bytes"), "{m}");
+                }
+                other => panic!("ctx {ctx}: expected Error::Memory, got {other:?}"),
+            }
+        }
+        // the largest context that still fits is computed exactly
+        let per_tok = 3440u64 * 4;
+        let ok = (u64::MAX / per_tok / 2) as usize;
+        assert!(state_bytes(&c, ok).is_ok());
+    }
+
+    #[test]
+    fn plan_of_a_context_beyond_u64_is_a_memory_error() {
+        let ck = Checkpoint::open(&fixture()).unwrap();
+        let mut c = ModelConfig::from_file(&fixture().join("config.json")).unwrap();
+        c.max_position_embeddings = 1 << 62;
+        let slot = crate::store::slot_size(&ck, &c).unwrap() as u64;
+        for ram in [Some(2_000_000_000u64), Some(u64::MAX), None] {
+            for ctx in [1usize << 58, 1 << 62] {
+                let ctx = resolve_ctx(&c, Some(ctx)).unwrap();
+                match plan(&ck, &c, ctx, ram, None, slot) {
+                    Err(Error::Memory(m)) => {
+                        assert!(m.contains("too large for any memory budget"), "{m}")
+                    }
+                    other => panic!("ram {ram:?} ctx {ctx}: expected Error::Memory, got {other:?}"),
+                }
+            }
+        }
+        // a large context that does not overflow is refused with the size it needs
+        match plan(&ck, &c, 1 << 40, Some(2_000_000_000), None, slot) {
+            Err(Error::Memory(m)) => assert!(m.contains("it needs at least"), "{m}"),
+            other => panic!("expected Error::Memory, got {other:?}"),
+        }
+        // and an ordinary one fits, with a total that adds up
+        let p = plan(&ck, &c, 4096, Some(2_000_000_000), None, slot).unwrap();
+        assert!(p.total_bytes() <= 2_000_000_000);
+        assert_eq!(
+            p.total_bytes(),
+            p.dense_bytes + p.state_bytes + p.scratch_bytes + p.overhead_bytes + p.cache_bytes()
+        );
+    }
+
+    #[test]
+    fn resolve_ctx_cases() {
+        let mut c = real();
+        c.max_position_embeddings = 1 << 20;
+        assert_eq!(resolve_ctx(&c, None).unwrap(), DEFAULT_CTX);
+        assert_eq!(resolve_ctx(&c, Some(1)).unwrap(), 1);
+        assert_eq!(resolve_ctx(&c, Some(1 << 20)).unwrap(), 1 << 20);
+        match resolve_ctx(&c, Some(0)) {
+            Err(Error::InvalidArgument(m)) => assert_eq!(m, "ctx must be at least 1 token"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        match resolve_ctx(&c, Some((1 << 20) + 1)) {
+            Err(Error::InvalidArgument(m)) => assert_eq!(
+                m,
+                "ctx 1048577 exceeds the model's max_position_embeddings (1048576)"
+            ),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        match resolve_ctx(&c, Some(usize::MAX)) {
+            Err(Error::InvalidArgument(_)) => {}
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        // a model whose maximum is below the default runs at its maximum
+        c.max_position_embeddings = 1000;
+        assert_eq!(resolve_ctx(&c, None).unwrap(), 1000);
     }
 }

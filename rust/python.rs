@@ -35,7 +35,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
             PyPermissionError::new_err(msg)
         }
-        Error::Io { .. } | Error::Read(_) => PyOSError::new_err(msg),
+        Error::Io { .. } | Error::Read(_) | Error::System(_) => PyOSError::new_err(msg),
         Error::Checkpoint { .. } | Error::Config(_) => V4FlashError::new_err(msg),
         Error::InvalidArgument(_) => PyValueError::new_err(msg),
         Error::Memory(_) => PyMemoryError::new_err(msg),
@@ -147,8 +147,8 @@ fn plan<'py>(
         .detach(|| -> crate::Result<Plan> {
             let cfg = crate::config::ModelConfig::from_file(&path.join("config.json"))?;
             let ck = crate::checkpoint::Checkpoint::open(&path)?;
+            let ctx = crate::plan::resolve_ctx(&cfg, ctx)?;
             let slot = crate::store::slot_size(&ck, &cfg)?;
-            let ctx = ctx.unwrap_or(cfg.max_position_embeddings.min(crate::model::DEFAULT_CTX));
             crate::plan::plan(&ck, &cfg, ctx, ram_bytes, expert_cache_bytes, slot as u64)
         })
         .map_err(to_py)?;
@@ -348,7 +348,8 @@ impl PyModel {
         d.set_item("expert_read_s", ld(&e.read_ns) as f64 * 1e-9)?;
         d.set_item("expert_wait_s", ld(&e.wait_ns) as f64 * 1e-9)?;
         d.set_item("expert_slots", m.experts.n_slots)?;
-        d.set_item("io_engine", m.experts.engine)?;
+        d.set_item("io_engine", m.experts.engine())?;
+        d.set_item("io_uring_interrupts", ld(&e.uring_interrupts))?;
         d.set_item("direct_io", m.experts.direct_io())?;
         d.set_item("kernel_tier", crate::kernels::tier_name())?;
         let (kns, kflops) = crate::kernels::kernel_counters();

@@ -93,7 +93,13 @@ pub struct Model {
     pub ctx: usize,
     pub resident_bytes: usize,
     pub counters: Counters,
+    /// Unique per loaded model in this process: sessions and snapshots carry it, so a
+    /// snapshot is only ever restored into a session of the model that made it.
+    pub id: u64,
 }
+
+/// Source of `Model::id`.
+static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What logits a forward call returns.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -128,17 +134,7 @@ impl Model {
             .thread_name(|i| format!("v4flash-{i}"))
             .build()
             .map_err(|e| Error::arg(format!("cannot start {threads} threads: {e}")))?;
-        let ctx = match opts.ctx {
-            Some(0) => return Err(Error::arg("ctx must be at least 1 token")),
-            Some(n) if n > cfg.max_position_embeddings => {
-                return Err(Error::arg(format!(
-                    "ctx {n} exceeds the model's max_position_embeddings ({})",
-                    cfg.max_position_embeddings
-                )))
-            }
-            Some(n) => n,
-            None => cfg.max_position_embeddings.min(DEFAULT_CTX),
-        };
+        let ctx = crate::plan::resolve_ctx(&cfg, opts.ctx)?;
         // the embedding first: a checkpoint of another layout is reported by its first tensor
         ck.tensor("embed.weight")?;
         let slot = crate::store::slot_size(&ck, &cfg)?;
@@ -196,11 +192,12 @@ impl Model {
             ctx,
             resident_bytes,
             counters: Counters::default(),
+            id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
     pub fn new_state(&self) -> State {
-        State::new(self.cfg.num_layers)
+        State::new(self.cfg.num_layers, self.id)
     }
 
     /// Checks token ids against the vocabulary.
@@ -233,11 +230,21 @@ impl Model {
                 self.ctx
             )));
         }
+        if st.owner() != self.id {
+            return Err(Error::arg(
+                "this session state belongs to another model (load the session from the model it was made with)",
+            ));
+        }
+        // The forward pass runs on the calling thread and hands only compute to the pool:
+        // it waits for experts, which a pool worker must never do (see store::slots).
+        if self.pool.current_thread_index().is_some() {
+            return Err(Error::arg(
+                "internal: a forward pass was started from the model's own compute pool",
+            ));
+        }
         let snap = st.snapshot();
         let t0 = Instant::now();
-        let r = self
-            .pool
-            .install(|| self.forward_chunks(st, ids, want, cancel));
+        let r = self.forward_chunks(st, ids, want, cancel);
         if r.is_err() {
             st.rollback(&snap)?;
         } else {
@@ -299,6 +306,7 @@ impl Model {
                 x[(t * hcm + j) * h..(t * hcm + j + 1) * h].copy_from_slice(&row);
             }
         }
+        let pool = &self.pool;
         let cx = Ctx {
             cfg: c,
             rope_main: &self.rope_main,
@@ -317,17 +325,20 @@ impl Model {
                 return Err(Error::Cancelled);
             }
             // attention block: X' = post ⊗ attn(norm(pre · X)) + combᵀ · X
-            let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, &x, n);
+            let lst = &mut st.layers[l];
+            let (mixes, xin) = pool.install(|| {
+                let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, &x, n);
+                let t0 = Instant::now();
+                let a = layer.attn.forward(&cx, lst, &xin, n, pos0);
+                self.counters
+                    .attn_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                hc_out(&mut x, &a, &mixes, hcm);
+                // MoE block, the same way around the experts
+                self.hc_in(&layer.hc_ffn, &layer.ffn_norm, &x, n)
+            });
             let t0 = Instant::now();
-            let a = layer.attn.forward(&cx, &mut st.layers[l], &xin, n, pos0);
-            self.counters
-                .attn_ns
-                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            hc_out(&mut x, &a, &mixes, hcm);
-            // MoE block, the same way around the experts
-            let (mixes, xin) = self.hc_in(&layer.hc_ffn, &layer.ffn_norm, &x, n);
-            let t0 = Instant::now();
-            let f = layer.moe.forward(c, l, &self.experts, &xin, ids, n)?;
+            let f = layer.moe.forward(c, l, &self.experts, pool, &xin, ids, n)?;
             self.counters
                 .moe_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -354,7 +365,7 @@ impl Model {
             hs[i * h..(i + 1) * h].copy_from_slice(&v);
         }
         let t0 = Instant::now();
-        let logits = self.head.forward(&hs, rows.len());
+        let logits = pool.install(|| self.head.forward(&hs, rows.len()));
         self.counters
             .head_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -61,19 +61,11 @@ impl MoeWeights {
         Some(v)
     }
 
-    /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H].
-    pub fn forward(
-        &self,
-        c: &ModelConfig,
-        layer: usize,
-        store: &ExpertStore,
-        y: &[f32],
-        ids: &[u32],
-        n: usize,
-    ) -> Result<Vec<f32>> {
-        let (h, k, ne) = (c.hidden_size, c.experts_per_tok, c.n_routed_experts);
+    /// Routing for n tokens: per token, the (expert, weight) pairs. Pure compute (run it on
+    /// the pool).
+    fn route(&self, c: &ModelConfig, y: &[f32], ids: &[u32], n: usize) -> Vec<Vec<(usize, f32)>> {
+        let (k, ne) = (c.experts_per_tok, c.n_routed_experts);
         let logits = self.gate.forward(y, n); // [n, E]
-                                              // per token: (expert, weight) pairs
         let mut routes: Vec<Vec<(usize, f32)>> = Vec::with_capacity(n);
         for t in 0..n {
             let s: Vec<f32> = logits[t * ne..(t + 1) * ne]
@@ -109,6 +101,27 @@ impl MoeWeights {
                     .collect(),
             );
         }
+        routes
+    }
+
+    /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H].
+    ///
+    /// Runs on the caller's thread, never on `pool`: waiting for experts (`acquire`,
+    /// `wait_any`) happens here, and only pure compute is handed to the pool, so no pool
+    /// worker ever blocks on the expert cache (see `store::slots` for why that matters).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        c: &ModelConfig,
+        layer: usize,
+        store: &ExpertStore,
+        pool: &rayon::ThreadPool,
+        y: &[f32],
+        ids: &[u32],
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let (h, ne) = (c.hidden_size, c.n_routed_experts);
+        let routes = pool.install(|| self.route(c, y, ids, n));
         // expert-major: each distinct expert once per chunk. Reads for a whole wave are
         // issued at once and each expert is computed as soon as its bytes arrive; outputs are
         // then summed per token in ascending expert order, so arrival order never matters.
@@ -121,25 +134,42 @@ impl MoeWeights {
         let distinct: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
         let mut outs: Vec<Vec<f32>> = vec![Vec::new(); ne];
         for wave in distinct.chunks(store.max_batch().max(1)) {
+            // holds no pins here: the previous wave's were dropped at the end of its loop
             let mut pins = store.acquire(layer, wave)?;
             while let Some(i) = store.wait_any(&mut pins)? {
                 let e = pins[i].expert;
-                let ex = store.view(&pins[i]);
+                let ex = store.view(&pins[i])?;
                 let us = &users[e];
-                let m = us.len();
-                let mut xe = vec![0f32; m * h];
-                for (j, &(t, _)) in us.iter().enumerate() {
-                    xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
-                }
-                let mut g = mm(&ex.w1(), &xe, m);
-                let u = mm(&ex.w3(), &xe, m);
-                swiglu(&mut g, &u, c.swiglu_limit);
-                outs[e] = mm(&ex.w2(), &g, m); // [m, H]
+                outs[e] = pool.install(|| {
+                    let m = us.len();
+                    let mut xe = vec![0f32; m * h];
+                    for (j, &(t, _)) in us.iter().enumerate() {
+                        xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
+                    }
+                    let mut g = mm(&ex.w1(), &xe, m);
+                    let u = mm(&ex.w3(), &xe, m);
+                    swiglu(&mut g, &u, c.swiglu_limit);
+                    mm(&ex.w2(), &g, m) // [m, H]
+                });
             }
         }
+        Ok(pool.install(|| self.combine(c, &distinct, &users, &outs, y, n)))
+    }
+
+    /// Routed outputs summed per token in ascending expert order, plus the shared expert.
+    fn combine(
+        &self,
+        c: &ModelConfig,
+        distinct: &[usize],
+        users: &[Vec<(usize, f32)>],
+        outs: &[Vec<f32>],
+        y: &[f32],
+        n: usize,
+    ) -> Vec<f32> {
+        let h = c.hidden_size;
         let mut routed = vec![0f32; n * h];
         let mut started = vec![false; n];
-        for &e in &distinct {
+        for &e in distinct {
             for (i, &(t, w)) in users[e].iter().enumerate() {
                 let dst = &mut routed[t * h..(t + 1) * h];
                 let src = &outs[e][i * h..(i + 1) * h];
@@ -163,6 +193,6 @@ impl MoeWeights {
         for (r, s) in routed.iter_mut().zip(&shared) {
             *r += s;
         }
-        Ok(routed)
+        routed
     }
 }

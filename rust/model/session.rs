@@ -11,14 +11,21 @@ use crate::error::{Error, Result};
 pub struct State {
     pub layers: Vec<AttnState>,
     pub tokens: Vec<u32>,
+    /// The `Model::id` of the model this state belongs to.
+    owner: u64,
 }
 
 impl State {
-    pub fn new(n_layers: usize) -> State {
+    pub fn new(n_layers: usize, owner: u64) -> State {
         State {
             layers: vec![AttnState::default(); n_layers],
             tokens: Vec::new(),
+            owner,
         }
+    }
+
+    pub fn owner(&self) -> u64 {
+        self.owner
     }
 
     pub fn pos(&self) -> usize {
@@ -27,6 +34,7 @@ impl State {
 
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
+            owner: self.owner,
             tokens: self.tokens.clone(),
             layers: self
                 .layers
@@ -42,6 +50,12 @@ impl State {
 
     /// Restores an earlier snapshot of this sequence.
     pub fn rollback(&mut self, s: &Snapshot) -> Result<()> {
+        if s.owner != self.owner {
+            return Err(Error::arg(
+                "this snapshot was taken on a session of another model (a snapshot can only be \
+                 restored into a session of the model object that made it)",
+            ));
+        }
         if s.layers.len() != self.layers.len() || !self.tokens.starts_with(&s.tokens) {
             return Err(Error::arg(format!(
                 "snapshot at position {} does not belong to this session's history (position {}); \
@@ -62,6 +76,8 @@ impl State {
 
 #[derive(Clone)]
 pub struct Snapshot {
+    /// The `Model::id` of the model whose session took it.
+    owner: u64,
     pub tokens: Vec<u32>,
     layers: Vec<LayerSnap>,
 }

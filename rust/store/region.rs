@@ -1,27 +1,50 @@
 //! The expert cache's memory: one anonymous mapping of fixed-size slots, allocated once from
 //! the budget. On Linux it asks for transparent huge pages; a background thread pre-faults
-//! the slots (touching each page) so first-touch page faults never land on the decode path.
-//! A slot is handed out only after it has been pre-faulted, so the toucher never writes into
-//! a slot that holds data.
+//! the slots (touching each page) at idle priority so that first-touch page faults do not
+//! land on the decode path.
+//!
+//! Who may touch which slot's bytes is decided per slot by a small atomic claim, so the
+//! pre-fault can never write into a slot that holds data and the store never waits for the
+//! pre-fault:
+//!
+//! ```text
+//! UNTOUCHED --pre-fault thread CAS--> FAULTING --(zeroes every page)--> DONE
+//! UNTOUCHED --store CAS (claim)--------------------------------------> DONE
+//! ```
+//!
+//! Only the pre-fault thread writes a FAULTING slot; once a slot is DONE the pre-fault never
+//! touches it again and the store owns it (which of its jobs may write it is the store's
+//! slot state machine). A slot the store claims before the pre-fault reached it is faulted
+//! by the read that fills it: slower once, never wrong, never a wait.
 
 use memmap2::{MmapMut, MmapOptions};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub const ALIGN: usize = 4096;
+
+const UNTOUCHED: u8 = 0;
+const FAULTING: u8 = 1;
+const DONE: u8 = 2;
 
 pub struct Region {
     map: MmapMut,
     ptr: *mut u8,
     pub slot_size: usize,
     pub n_slots: usize,
-    /// Slots [0, faulted) are pre-faulted and may be handed out.
-    faulted: AtomicUsize,
+    /// Per slot: UNTOUCHED, FAULTING or DONE (see the module comment).
+    touch: Vec<AtomicU8>,
+    /// Slots the pre-fault thread has finished.
+    prefaulted: AtomicUsize,
+    /// Set when the store goes away: the pre-fault thread stops at its next page batch.
+    stop: AtomicBool,
 }
 
-// SAFETY: the region is plain memory; which thread may touch which slot is decided by the
-// store's state machine under its mutex (a slot is written only while Loading by exactly one
-// I/O thread, and read only while Ready and pinned), and by `faulted` for the pre-fault thread.
+// SAFETY: the region is plain memory. Which thread may touch which slot's bytes is decided
+// by the per-slot claim above (the pre-fault thread only writes FAULTING slots, which nobody
+// else can obtain) and, for claimed slots, by the store's state machine under its mutex (a
+// byte range is written only by the one I/O job that owns the slot while it is Loading, and
+// read only while the slot is Ready and pinned).
 unsafe impl Sync for Region {}
 // SAFETY: as above; the pointer stays valid for the lifetime of `map`, which moves with it.
 unsafe impl Send for Region {}
@@ -29,7 +52,10 @@ unsafe impl Send for Region {}
 impl Region {
     pub fn new(slot_size: usize, n_slots: usize) -> std::io::Result<Region> {
         debug_assert!(slot_size % ALIGN == 0);
-        let len = (slot_size * n_slots).max(ALIGN);
+        let len = slot_size
+            .checked_mul(n_slots)
+            .ok_or_else(|| std::io::Error::other("expert cache size overflows"))?
+            .max(ALIGN);
         let mut map = MmapOptions::new().len(len).map_anon()?;
         #[cfg(target_os = "linux")]
         {
@@ -42,7 +68,9 @@ impl Region {
             ptr,
             slot_size,
             n_slots,
-            faulted: AtomicUsize::new(0),
+            touch: (0..n_slots).map(|_| AtomicU8::new(UNTOUCHED)).collect(),
+            prefaulted: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
         })
     }
 
@@ -50,79 +78,135 @@ impl Region {
         self.map.len()
     }
 
-    /// Number of slots ready to be handed out.
-    pub fn faulted(&self) -> usize {
-        self.faulted.load(Ordering::Acquire)
+    /// Slots the background pre-fault has finished.
+    pub fn prefaulted(&self) -> usize {
+        self.prefaulted.load(Ordering::Acquire)
     }
 
-    /// Pre-faults one more slot (the next not yet faulted) on the calling thread; returns
-    /// false when all are done. Only the owner of `faulted` progress may call this (the
-    /// pre-fault thread, or the store under its lock when it needs a slot right now).
-    pub fn fault_next(&self) -> bool {
-        let i = self.faulted.load(Ordering::Acquire);
-        if i >= self.n_slots {
+    /// Whether the store can use slot `i` now: true once it is DONE; an UNTOUCHED slot is
+    /// claimed (made DONE) on the spot. False only while the pre-fault thread is zeroing it.
+    pub fn claim(&self, i: usize) -> bool {
+        match self.touch[i].compare_exchange(UNTOUCHED, DONE, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => true,
+            Err(s) => s == DONE,
+        }
+    }
+
+    /// Whether slot `i` is being zeroed by the pre-fault thread right now (unusable for a
+    /// moment; at most one slot at a time).
+    pub fn is_faulting(&self, i: usize) -> bool {
+        self.touch[i].load(Ordering::Acquire) == FAULTING
+    }
+
+    /// Whether slot `i` has been touched already (DONE), so using it costs no page faults.
+    pub fn is_warm(&self, i: usize) -> bool {
+        self.touch[i].load(Ordering::Acquire) == DONE
+    }
+
+    /// Asks the pre-fault thread to stop (the store is going away).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Pre-faults slot `i` if nobody has claimed it yet; returns whether it did. Stops early
+    /// (leaving the slot DONE but partly untouched) when `stop()` was called.
+    fn prefault_slot(&self, i: usize) -> bool {
+        if self.touch[i]
+            .compare_exchange(UNTOUCHED, FAULTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
             return false;
         }
-        // SAFETY: slot i >= faulted has never been handed out, so nobody else touches it;
-        // the pointer arithmetic stays inside the mapping (i < n_slots).
-        unsafe {
-            let base = self.ptr.add(i * self.slot_size);
-            let mut off = 0;
-            while off < self.slot_size {
-                std::ptr::write_volatile(base.add(off), 0u8);
-                off += ALIGN;
+        let mut off = 0;
+        while off < self.slot_size {
+            if off % (64 * ALIGN) == 0 && self.stop.load(Ordering::Relaxed) {
+                break;
             }
+            // SAFETY: slot i is FAULTING, which only this thread could make it (the CAS
+            // above), so no other thread reads or writes its bytes until it becomes DONE
+            // below; off < slot_size keeps the write inside slot i of the mapping.
+            unsafe { std::ptr::write_volatile(self.ptr.add(i * self.slot_size + off), 0u8) };
+            off += ALIGN;
         }
-        self.faulted.store(i + 1, Ordering::Release);
+        self.touch[i].store(DONE, Ordering::Release);
         true
     }
 
+    /// The bytes [start, start+len) of slot `i`, for writing.
+    ///
     /// # Safety
-    /// The caller must hold exclusive access to slot `i` (state Loading, owned by this
-    /// I/O job) and `i < faulted()`.
+    /// The caller must own that byte range exclusively for the lifetime of the slice: slot
+    /// `i` is claimed and Loading for the caller's job, and no other read of the job targets
+    /// an overlapping range (the envelopes of one expert's reads are disjoint).
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slot_mut(&self, i: usize) -> &mut [u8] {
-        debug_assert!(i < self.n_slots);
-        // SAFETY: guaranteed by the caller (exclusive access, in bounds).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.slot_size), self.slot_size) }
+    pub unsafe fn range_mut(&self, i: usize, start: usize, len: usize) -> &mut [u8] {
+        assert!(
+            i < self.n_slots && start + len <= self.slot_size,
+            "slot range out of bounds"
+        );
+        // SAFETY: in bounds (checked above); exclusivity is guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.slot_size + start), len) }
     }
 
+    /// A raw pointer to byte `start` of slot `i`, for the kernel to write into (io_uring).
+    pub fn ptr_at(&self, i: usize, start: usize) -> *mut u8 {
+        assert!(
+            i < self.n_slots && start <= self.slot_size,
+            "slot offset out of bounds"
+        );
+        // SAFETY: in bounds of the mapping (checked above); no reference is created.
+        unsafe { self.ptr.add(i * self.slot_size + start) }
+    }
+
+    /// The bytes [start, start+len) of slot `i`, for reading.
+    ///
     /// # Safety
-    /// The caller must hold a pin on slot `i` in state Ready (no writer can exist).
-    pub unsafe fn slot(&self, i: usize) -> &[u8] {
-        debug_assert!(i < self.n_slots);
-        // SAFETY: guaranteed by the caller (pinned and Ready, in bounds).
-        unsafe { std::slice::from_raw_parts(self.ptr.add(i * self.slot_size), self.slot_size) }
+    /// No writer of that range may exist for the lifetime of the slice: slot `i` is Ready
+    /// and pinned, or Loading with every read of its job completed.
+    pub unsafe fn range(&self, i: usize, start: usize, len: usize) -> &[u8] {
+        assert!(
+            i < self.n_slots && start + len <= self.slot_size,
+            "slot range out of bounds"
+        );
+        // SAFETY: in bounds (checked above); no writer, guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(i * self.slot_size + start), len) }
     }
 }
 
-/// Starts the background pre-fault of all slots; the store may also fault on demand.
-/// Both paths serialise on `lock` so `fault_next` never runs twice for the same slot.
-pub fn spawn_prefault(region: Arc<Region>, lock: Arc<std::sync::Mutex<()>>) {
+/// Whether the background pre-fault is wanted (`V4FLASH_PREFAULT=0` turns it off: slots are
+/// then faulted by the first read into them).
+pub fn prefault_enabled() -> bool {
+    !std::env::var("V4FLASH_PREFAULT").is_ok_and(|v| v == "0")
+}
+
+/// Starts the background pre-fault of all slots (in order, skipping slots the store has
+/// claimed already). `on_slot` runs after each slot it finishes (the store wakes callers
+/// waiting for a slot). The thread holds the region until it is done or `stop()` is called.
+pub fn spawn_prefault(
+    region: Arc<Region>,
+    on_slot: impl Fn() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("v4flash-prefault".into())
-        .spawn(move || loop {
-            lower_priority_once();
-            let g = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let more = region.fault_next();
-            drop(g);
-            if !more {
-                break;
+        .spawn(move || {
+            lower_priority();
+            for i in 0..region.n_slots {
+                if region.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if region.prefault_slot(i) {
+                    region.prefaulted.fetch_add(1, Ordering::AcqRel);
+                    on_slot();
+                }
             }
         })
-        .ok();
 }
 
 /// Runs the pre-fault at idle priority: first-touch zeroing of a large cache costs seconds of
 /// CPU (tens of seconds in some VMs), and on a machine with few cores it must only use cycles
 /// that compute leaves idle (waits on disk, the user typing), never slow a prefill or decode.
-fn lower_priority_once() {
-    thread_local! {
-        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-    if DONE.with(|d| d.replace(true)) {
-        return;
-    }
+/// Nothing ever waits for it (see the module comment), so starving it is harmless.
+fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
         let param = libc::sched_param { sched_priority: 0 };
@@ -137,4 +221,52 @@ fn lower_priority_once() {
         }
     }
     // elsewhere the pre-fault keeps the default priority (macOS nice is per process)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claimed_slots_are_never_touched_by_the_prefault() {
+        let r = Arc::new(Region::new(4 * ALIGN, 8).unwrap());
+        // the store claims and fills slots 5 and 6 before the pre-fault starts
+        for i in [5, 6] {
+            assert!(r.claim(i));
+            // SAFETY: claimed above, single-threaded here.
+            unsafe { r.range_mut(i, 0, 4 * ALIGN) }.fill(0xAB);
+        }
+        let h = spawn_prefault(r.clone(), || {}).unwrap();
+        h.join().unwrap();
+        assert_eq!(r.prefaulted(), 6);
+        for i in 0..8 {
+            assert!(r.claim(i));
+            // SAFETY: the pre-fault thread has ended.
+            let b = unsafe { r.range(i, 0, 4 * ALIGN) };
+            let want = if i == 5 || i == 6 { 0xAB } else { 0 };
+            assert!(b.iter().all(|&x| x == want), "slot {i}");
+        }
+    }
+
+    #[test]
+    fn prefault_stops_when_asked_and_releases_the_region() {
+        // 1 GiB of slots: far more than can be touched before stop() below
+        let r = Arc::new(Region::new(256 * ALIGN, 1024).unwrap());
+        let h = spawn_prefault(r.clone(), || {}).unwrap();
+        r.stop();
+        h.join().unwrap();
+        assert!(r.prefaulted() < r.n_slots);
+        assert_eq!(Arc::strong_count(&r), 1, "the thread dropped its handle");
+    }
+
+    #[test]
+    fn a_faulting_slot_is_not_claimable_until_done() {
+        let r = Region::new(ALIGN, 2).unwrap();
+        r.touch[1].store(FAULTING, Ordering::Release);
+        assert!(!r.claim(1));
+        assert!(r.is_faulting(1));
+        r.touch[1].store(DONE, Ordering::Release);
+        assert!(r.claim(1) && r.is_warm(1));
+        assert!(r.claim(0));
+    }
 }

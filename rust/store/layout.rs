@@ -1,0 +1,267 @@
+//! Where each routed expert lives in the checkpoint and where it lands in a cache slot: the
+//! six tensors of an expert (w1, w3, w2, each FP4 weights + UE8M0 scales), the reads that
+//! fill a slot (adjacent tensors coalesced, every read landing at an ALIGN-aligned place so
+//! that direct I/O can target it), and the slot size. Pure functions of the tensor table.
+
+use super::region::ALIGN;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::dtype::DType;
+use crate::error::Result;
+
+/// The six tensors of a routed expert, in slot-part order: weight 2k and scale 2k+1 of
+/// matrix k (w1, w3, w2).
+pub const SUFFIX: [&str; 6] = [
+    "w1.weight",
+    "w1.scale",
+    "w3.weight",
+    "w3.scale",
+    "w2.weight",
+    "w2.scale",
+];
+
+/// Slot-part indices of the three scale tensors.
+pub const SCALE_PARTS: [usize; 3] = [1, 3, 5];
+
+/// The checkpoint name of part `k` of expert `e` of layer `l`.
+pub fn part_name(l: usize, e: usize, k: usize) -> String {
+    format!("layers.{l}.ffn.experts.{e}.{}", SUFFIX[k])
+}
+
+/// Where one of an expert's six tensors lives in the checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Part {
+    pub shard: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Part {
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+/// A read of one file range into a slot: the ALIGN-aligned file envelope of
+/// [offset, offset+len) lands at slot byte `dst` (ALIGN-aligned), so the range itself starts
+/// at `dst + offset % ALIGN`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadOp {
+    pub shard: u32,
+    pub offset: u64,
+    pub len: u64,
+    pub dst: usize,
+}
+
+impl ReadOp {
+    /// Bytes of the slot this read may write: [dst, dst + envelope). The envelopes of one
+    /// expert's reads are disjoint, so concurrent reads of one expert never overlap.
+    pub fn envelope(&self) -> usize {
+        envelope(self.offset, self.len)
+    }
+
+    /// Where the requested range starts inside the envelope.
+    pub fn delta(&self) -> usize {
+        (self.offset % ALIGN as u64) as usize
+    }
+}
+
+/// An expert's layout in its slot: the six parts' (start, len) in the slot, their places in
+/// the checkpoint, and the reads that fill the slot.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub parts: [(usize, usize); 6],
+    pub files: [Part; 6],
+    pub reads: Vec<ReadOp>,
+}
+
+/// Plans the reads of one expert: parts sorted by file position, adjacent ones (gaps of at
+/// most ALIGN bytes) coalesced into one read, each read landing at an ALIGN-aligned place in
+/// the slot right after the previous read's envelope. Returns the layout and the slot bytes
+/// it needs.
+pub fn layout(parts: &[Part; 6]) -> (Layout, usize) {
+    let a = ALIGN as u64;
+    let mut order: Vec<usize> = (0..6).collect();
+    order.sort_by_key(|&k| (parts[k].shard, parts[k].offset));
+    let mut reads: Vec<ReadOp> = Vec::new();
+    let mut out = [(0usize, 0usize); 6];
+    for &k in &order {
+        let p = parts[k];
+        let extend = reads.last().is_some_and(|r| {
+            r.shard == p.shard && p.offset >= r.offset && p.offset <= r.offset + r.len + a
+        });
+        if extend {
+            if let Some(r) = reads.last_mut() {
+                r.len = p.end().max(r.offset + r.len) - r.offset;
+            }
+        } else {
+            let dst = reads.last().map_or(0, |r| r.dst + r.envelope());
+            reads.push(ReadOp {
+                shard: p.shard,
+                offset: p.offset,
+                len: p.len,
+                dst,
+            });
+        }
+        // a read was pushed or extended just above
+        let r = reads[reads.len() - 1];
+        out[k] = (
+            r.dst + r.delta() + (p.offset - r.offset) as usize,
+            p.len as usize,
+        );
+    }
+    let total = reads.last().map_or(0, |r| r.dst + r.envelope());
+    (
+        Layout {
+            parts: out,
+            files: *parts,
+            reads,
+        },
+        total,
+    )
+}
+
+/// Bytes of the ALIGN-aligned file envelope of [off, off+len).
+pub fn envelope(off: u64, len: u64) -> usize {
+    let a = ALIGN as u64;
+    let start = off - off % a;
+    ((off + len).div_ceil(a) * a - start) as usize
+}
+
+/// The expected (dtype, shape) of each part for a model of hidden size h and expert
+/// intermediate size i.
+fn part_shapes(h: usize, i: usize) -> [(DType, [usize; 2]); 6] {
+    [
+        (DType::I8, [i, h / 2]),
+        (DType::F8E8M0, [i, h / 32]),
+        (DType::I8, [i, h / 2]),
+        (DType::F8E8M0, [i, h / 32]),
+        (DType::I8, [h, i / 2]),
+        (DType::F8E8M0, [h, i / 32]),
+    ]
+}
+
+/// Locates the six tensors of one expert; with `check`, also checks their dtypes and shapes
+/// (the planner only needs their sizes, and a checkpoint of another shape is reported by
+/// the dense tensors first when it is loaded).
+pub fn expert_parts(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    l: usize,
+    e: usize,
+    check: bool,
+) -> Result<[Part; 6]> {
+    let shapes = part_shapes(c.hidden_size, c.moe_inter);
+    let mut parts = [Part::default(); 6];
+    for (k, (dt, shape)) in shapes.iter().enumerate() {
+        let name = part_name(l, e, k);
+        let t = if check {
+            ck.expect(&name, &[*dt], shape)?
+        } else {
+            ck.tensor(&name)?
+        };
+        parts[k] = Part {
+            shard: t.shard as u32,
+            offset: t.offset,
+            len: t.len,
+        };
+    }
+    Ok(parts)
+}
+
+/// Every expert's layout (indexed by layer * n_experts + expert) and the slot size: the
+/// largest layout rounded up to ALIGN.
+pub fn plan_all(ck: &Checkpoint, c: &ModelConfig, check: bool) -> Result<(Vec<Layout>, usize)> {
+    let mut layouts = Vec::with_capacity(c.num_layers * c.n_routed_experts);
+    let mut size = 0usize;
+    for l in 0..c.num_layers {
+        for e in 0..c.n_routed_experts {
+            let (lay, s) = layout(&expert_parts(ck, c, l, e, check)?);
+            size = size.max(s);
+            layouts.push(lay);
+        }
+    }
+    Ok((layouts, size.div_ceil(ALIGN) * ALIGN))
+}
+
+/// Bytes of one slot (the largest expert's aligned layout), from the tensor table only.
+pub fn slot_size(ck: &Checkpoint, c: &ModelConfig) -> Result<usize> {
+    plan_all(ck, c, false).map(|(_, s)| s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(shard: u32, offset: u64, len: u64) -> Part {
+        Part { shard, offset, len }
+    }
+
+    /// Every part lands inside its read's envelope at the right distance, envelopes are
+    /// aligned and disjoint, and reads cover every part's bytes.
+    fn check(parts: &[Part; 6]) {
+        let (lay, total) = layout(parts);
+        for w in lay.reads.windows(2) {
+            assert!(w[0].dst + w[0].envelope() <= w[1].dst, "{:?}", lay.reads);
+        }
+        for r in &lay.reads {
+            assert_eq!(r.dst % ALIGN, 0);
+            assert!(r.dst + r.envelope() <= total);
+        }
+        for k in 0..6 {
+            let (start, len) = lay.parts[k];
+            assert_eq!(len as u64, parts[k].len);
+            let r = lay
+                .reads
+                .iter()
+                .find(|r| {
+                    r.shard == parts[k].shard
+                        && r.offset <= parts[k].offset
+                        && parts[k].end() <= r.offset + r.len
+                })
+                .expect("a read covers the part");
+            assert_eq!(
+                start,
+                r.dst + r.delta() + (parts[k].offset - r.offset) as usize
+            );
+            assert_eq!(lay.files[k], parts[k]);
+        }
+    }
+
+    #[test]
+    fn contiguous_parts_coalesce_into_one_read() {
+        let mut parts = [Part::default(); 6];
+        let mut off = 100;
+        for (k, q) in parts.iter_mut().enumerate() {
+            let len = if k % 2 == 0 { 3000 } else { 96 };
+            *q = p(0, off, len);
+            off += len;
+        }
+        let (lay, total) = layout(&parts);
+        assert_eq!(lay.reads.len(), 1);
+        assert_eq!(total, envelope(100, off - 100));
+        check(&parts);
+    }
+
+    #[test]
+    fn parts_in_two_shards_and_far_apart_get_separate_aligned_reads() {
+        let parts = [
+            p(1, 10_000, 5000),
+            p(0, 4096 * 9 + 7, 40),
+            p(1, 15_000, 5000),
+            p(0, 1 << 20, 40),
+            p(1, 1 << 22, 5000),
+            p(0, (1 << 20) + 40, 40),
+        ];
+        let (lay, _) = layout(&parts);
+        assert_eq!(lay.reads.len(), 4, "{:?}", lay.reads);
+        check(&parts);
+    }
+
+    #[test]
+    fn envelope_rounds_both_ends() {
+        assert_eq!(envelope(0, 1), ALIGN);
+        assert_eq!(envelope(ALIGN as u64 - 1, 2), 2 * ALIGN);
+        assert_eq!(envelope(ALIGN as u64, ALIGN as u64), ALIGN);
+    }
+}
