@@ -171,6 +171,7 @@ impl Model {
                 io: opts.io,
                 policy: opts.policy,
                 io_threads: opts.io_threads,
+                prefault: crate::store::region::prefault_enabled(),
             },
         )?;
         Ok(Model {

@@ -21,6 +21,8 @@ mod mmap;
 pub mod policy;
 pub mod region;
 mod slots;
+#[cfg(test)]
+mod tests;
 #[cfg(target_os = "linux")]
 mod uring;
 mod worker;
@@ -65,6 +67,8 @@ pub struct StoreOptions {
     pub io: IoMode,
     pub policy: Policy,
     pub io_threads: usize,
+    /// Pre-fault the slots in the background (at idle priority).
+    pub prefault: bool,
 }
 
 /// The slot backend: the shared state, the job queue and the I/O threads.
@@ -180,7 +184,7 @@ impl ExpertStore {
                 opts.policy,
             ));
             (
-                Backend::Slots(SlotStore::start(sh, mode, opts.io_threads)?),
+                Backend::Slots(SlotStore::start(sh, mode, opts.io_threads, opts.prefault)?),
                 n,
             )
         };
@@ -405,8 +409,13 @@ impl ExpertStore {
 
 impl SlotStore {
     /// Starts the pre-fault and the I/O engine.
-    fn start(sh: Arc<Shared>, mode: IoMode, io_threads: usize) -> Result<SlotStore> {
-        if region::prefault_enabled() {
+    fn start(
+        sh: Arc<Shared>,
+        mode: IoMode,
+        io_threads: usize,
+        prefault: bool,
+    ) -> Result<SlotStore> {
+        if prefault {
             let weak = Arc::downgrade(&sh);
             region::spawn_prefault(sh.region.clone(), move || {
                 if let Some(sh) = weak.upgrade() {

@@ -1,0 +1,251 @@
+//! Store tests on the tiny fixtures: every wait is finite (a watchdog turns a hang into a
+//! failure), the bytes in a slot are the checkpoint's, and the io_uring engine survives
+//! signals and a broken ring without handing out a slot the kernel may still write.
+
+use super::*;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// Runs `f` on its own thread and fails the test if it does not finish in `secs` (a hung
+/// thread is left behind; the test fails instead of blocking the run).
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("hung: not finished after {secs} s"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the checked thread panicked"),
+    }
+}
+
+fn open(name: &str, io: IoMode, slots: usize, prefault: bool) -> (ExpertStore, Arc<Checkpoint>) {
+    let dir = fixture(name);
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let ck = Arc::new(Checkpoint::open(&dir).unwrap());
+    let opts = StoreOptions {
+        slots,
+        io,
+        policy: Policy::default(),
+        io_threads: 2,
+        prefault,
+    };
+    (ExpertStore::open(ck.clone(), &cfg, &opts).unwrap(), ck)
+}
+
+/// Acquires, waits for and checks (against the checkpoint's bytes) experts of a layer.
+fn load_and_check(st: &ExpertStore, ck: &Checkpoint, layer: usize, experts: &[usize]) {
+    let mut pins = st.acquire(layer, experts).unwrap();
+    let mut seen = 0;
+    while let Some(i) = st.wait_any(&mut pins).unwrap() {
+        let v = st.view(&pins[i]).unwrap();
+        for (k, part) in v.parts.iter().enumerate() {
+            let t = ck
+                .tensor(&layout::part_name(layer, pins[i].expert, k))
+                .unwrap();
+            assert_eq!(
+                *part,
+                &ck.read(t).unwrap()[..],
+                "layer {layer} expert {} part {k}",
+                pins[i].expert
+            );
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, experts.len());
+}
+
+#[test]
+fn a_wave_larger_than_the_prefaulted_slots_never_waits_for_the_prefault() {
+    // no pre-fault at all: every slot is claimed by the read that fills it
+    within(60, || {
+        for io in [IoMode::Direct, IoMode::Buffered] {
+            let (st, ck) = open("tiny-a", io, 4, false);
+            assert_eq!(st.prefaulted(), 0);
+            load_and_check(&st, &ck, 0, &[3, 5, 7, 9]);
+            load_and_check(&st, &ck, 4, &[0, 1, 2, 15]);
+        }
+    });
+}
+
+#[test]
+fn view_before_wait_is_an_error_not_a_race() {
+    let (st, _ck) = open("tiny-a", IoMode::Buffered, 2, true);
+    let pins = st.acquire(1, &[2]).unwrap();
+    assert!(st.view(&pins[0]).is_err());
+    assert!(st.acquire(99, &[0]).is_err());
+    assert!(st.acquire(0, &[1, 1]).is_err());
+    assert!(matches!(st.acquire(0, &[1, 2, 3]), Err(Error::Memory(_))));
+}
+
+#[test]
+fn many_callers_on_a_one_slot_cache_all_finish() {
+    within(120, || {
+        let (st, ck) = open("tiny-b", IoMode::Direct, 1, true);
+        let st = Arc::new(st);
+        let hs: Vec<_> = (0..4)
+            .map(|t| {
+                let (st, ck) = (st.clone(), ck.clone());
+                std::thread::spawn(move || {
+                    for i in 0..50 {
+                        load_and_check(&st, &ck, (t + i) % 5, &[(i * 3 + t) % 8]);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn two_model_callers_on_a_small_cache_do_not_deadlock() {
+    use crate::model::{LoadOptions, Model, Want};
+    // The deadlock this guards against: a rayon worker of call A, waiting inside a join,
+    // ran call B's forward pass, which waited on the cache for slots A held pinned.
+    within(300, || {
+        let m = Arc::new(
+            Model::load(
+                &fixture("tiny-b"),
+                &LoadOptions {
+                    threads: Some(2),
+                    expert_cache_bytes: Some(62_914), // 0.06 MiB: 3 slots
+                    ..LoadOptions::default()
+                },
+            )
+            .unwrap(),
+        );
+        let ids = [0u32, 5, 7, 9, 11, 13, 20, 40];
+        let reference = {
+            let mut s = m.new_state();
+            m.forward(&mut s, &ids, Want::All, &|| false).unwrap()
+        };
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let (m, reference) = (m.clone(), reference.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..40 {
+                        let mut s = m.new_state();
+                        let out = m.forward(&mut s, &ids, Want::All, &|| false).unwrap();
+                        assert!(out == reference, "results differ under concurrency");
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[cfg(target_os = "linux")]
+fn slot_backend(st: &ExpertStore) -> &SlotStore {
+    match &st.backend {
+        Backend::Slots(s) => s,
+        Backend::Mmap(_) => panic!("not the slot backend"),
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_broken_ring_is_reaped_then_replaced_by_the_pread_pool() {
+    within(60, || {
+        let (st, ck) = open("tiny-a", IoMode::Direct, 4, false);
+        if st.engine() != "io_uring" {
+            eprintln!(
+                "io_uring unavailable here ({}): nothing to test",
+                st.engine()
+            );
+            return;
+        }
+        let s = slot_backend(&st);
+        // the next wait of the ring fails as if the ring broke, with reads queued
+        s.sh.fail_submits.store(1, Ordering::Release);
+        load_and_check(&st, &ck, 2, &[1, 4, 6, 8]);
+        let e = st.engine();
+        assert!(e.starts_with("pread-pool (io_uring failed"), "{e}");
+        // nothing was quarantined: every in-flight read was reaped first
+        assert!(!s
+            .sh
+            .lock()
+            .slots
+            .iter()
+            .any(|x| x.state == slots::SlotState::Quarantined));
+        // and the pread workers that took over serve the next reads
+        load_and_check(&st, &ck, 3, &[0, 2, 10, 12]);
+        load_and_check(&st, &ck, 5, &[7]);
+    });
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn signals_to_the_ring_thread_are_retried_not_taken_for_a_failure() {
+    use std::os::unix::thread::JoinHandleExt;
+    use std::sync::atomic::AtomicBool;
+
+    extern "C" fn noop(_: libc::c_int) {}
+    // A handler without SA_RESTART, as CPython installs its own: a blocked io_uring_enter
+    // returns EINTR when the signal arrives.
+    // SAFETY: sigaction with a zeroed, then filled struct and a valid handler address.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = noop as *const () as usize;
+        sa.sa_flags = 0;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    within(120, || {
+        let (st, ck) = open("tiny-a", IoMode::Direct, 1, false);
+        if st.engine() != "io_uring" {
+            eprintln!(
+                "io_uring unavailable here ({}): nothing to test",
+                st.engine()
+            );
+            return;
+        }
+        let thread = slot_backend(&st).workers[0].as_pthread_t() as usize;
+        let stop = Arc::new(AtomicBool::new(false));
+        let sender = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut sent = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    // SAFETY: the ring thread lives until the store is dropped, which
+                    // happens only after this loop has stopped (joined below).
+                    unsafe { libc::pthread_kill(thread as libc::pthread_t, libc::SIGUSR2) };
+                    sent += 1;
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                sent
+            })
+        };
+        // one slot: every acquire evicts and reads; keep going until a wait was interrupted
+        let mut rounds = 0;
+        while rounds < 20_000 {
+            load_and_check(&st, &ck, rounds % 6, &[rounds % 16]);
+            rounds += 1;
+            if rounds >= 200 && st.counters().uring_interrupts.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Release);
+        let sent = sender.join().unwrap();
+        let n = st.counters().uring_interrupts.load(Ordering::Relaxed);
+        assert!(
+            n > 0,
+            "{sent} signals in {rounds} rounds never interrupted a wait"
+        );
+        assert_eq!(st.engine(), "io_uring");
+    });
+}
