@@ -206,10 +206,31 @@ impl Shared {
             && !self.region.is_faulting(i)
     }
 
-    fn free_slots(&self, g: &Inner, keep: &[u32]) -> usize {
-        (0..g.slots.len())
-            .filter(|&i| self.takeable(g, i, keep))
-            .count()
+    /// Whether `need` slots can be taken now. Empty slots the pre-fault has not reached yet
+    /// are claimed here (as many as needed), so the pre-fault cannot start zeroing a slot
+    /// between this count and `take_slot`.
+    fn reserve(&self, g: &Inner, keep: &[u32], need: usize) -> bool {
+        let mut have = 0;
+        let mut untouched = Vec::new();
+        for i in 0..g.slots.len() {
+            if !self.takeable(g, i, keep) {
+                continue;
+            }
+            if g.slots[i].state == SlotState::Empty && !self.region.is_warm(i) {
+                untouched.push(i);
+            } else {
+                have += 1;
+            }
+        }
+        for i in untouched {
+            if have >= need {
+                break;
+            }
+            if self.region.claim(i) {
+                have += 1;
+            }
+        }
+        have >= need
     }
 
     /// Picks a slot for a new expert: an empty pre-faulted one, else an empty one not yet
@@ -272,7 +293,7 @@ impl Shared {
             }
             if g.queue.front() == Some(&ticket) {
                 let misses = keys.iter().filter(|k| !g.map.contains_key(k)).count();
-                if misses <= self.free_slots(&g, keys) {
+                if self.reserve(&g, keys, misses) {
                     break;
                 }
             }
