@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,19 +45,29 @@ pub fn to_py(e: Error) -> PyErr {
     }
 }
 
-/// Runs `f` on a worker thread with the GIL released; the calling thread polls for signals
-/// (Ctrl-C) and, when one arrives, raises the cancel flag that `f` checks between steps.
+/// Runs `f` on a worker thread with the GIL released; the calling thread waits for it to
+/// finish and, every 20 ms while it waits, polls for signals (Ctrl-C): when one arrives it
+/// raises the cancel flag that `f` checks between steps. A finished worker is noticed at
+/// once (it drops its end of a channel), so a short call (one streamed token) costs no poll
+/// interval.
 fn run_cancellable<T: Send>(
     py: Python<'_>,
     f: impl FnOnce(&AtomicBool) -> crate::Result<T> + Send,
 ) -> PyResult<T> {
     let cancel = AtomicBool::new(false);
-    let mut interrupted: Option<PyErr> = None;
-    let result = std::thread::scope(|s| {
-        let h = s.spawn(|| f(&cancel));
-        py.detach(|| {
-            while !h.is_finished() {
-                std::thread::sleep(Duration::from_millis(20));
+    let (result, interrupted) = std::thread::scope(|s| {
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let cancel = &cancel;
+        let h = s.spawn(move || {
+            // dropped when `f` returns or unwinds: the waiter wakes with `Disconnected`
+            let _done = done_tx;
+            f(cancel)
+        });
+        let interrupted = py.detach(move || {
+            let mut interrupted: Option<PyErr> = None;
+            while let Err(RecvTimeoutError::Timeout) =
+                done_rx.recv_timeout(Duration::from_millis(20))
+            {
                 if interrupted.is_none() {
                     if let Err(e) = Python::attach(|py| py.check_signals()) {
                         interrupted = Some(e);
@@ -64,8 +75,9 @@ fn run_cancellable<T: Send>(
                     }
                 }
             }
+            interrupted
         });
-        h.join()
+        (h.join(), interrupted)
     });
     match result {
         Ok(Ok(v)) => {
