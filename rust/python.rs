@@ -3,8 +3,8 @@
 //! Ctrl-C), and maps `Error` to Python exceptions in one place.
 
 use crate::error::Error;
-use crate::model::sample::{SampleParams, Sampler};
-use crate::model::session::{Snapshot as CoreSnapshot, State};
+use crate::model::generate::{Generation, Session as CoreSession, Snapshot as CoreSnapshot};
+use crate::model::sample::SampleParams;
 use crate::model::{LoadOptions, Model as CoreModel, Want};
 use crate::plan::Plan;
 use crate::store::io::IoMode;
@@ -19,7 +19,7 @@ use pyo3::types::{PyBytes, PyDict};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 create_exception!(
@@ -226,7 +226,7 @@ fn open_checkpoint(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
         .map_err(to_py)
 }
 
-#[pyclass(frozen, name = "Model")]
+#[pyclass(frozen, name = "Model", module = "v4flash._core")]
 struct PyModel {
     inner: Arc<CoreModel>,
 }
@@ -314,8 +314,7 @@ impl PyModel {
 
     fn session(&self) -> PySession {
         PySession {
-            model: self.inner.clone(),
-            st: Arc::new(Mutex::new(SessState::new(&self.inner))),
+            s: Arc::new(Mutex::new(CoreSession::new(self.inner.clone()))),
         }
     }
 
@@ -373,32 +372,15 @@ impl PyModel {
     }
 }
 
-/// A session's state plus the last sampled token that is not yet fed (it is fed first by
-/// the next call, so a finished answer costs no extra forward step).
-struct SessState {
-    st: State,
-    pending: Option<u32>,
-    /// Logits after the last fed token, when the last call computed them.
-    last: Option<Vec<f32>>,
-}
-
-impl SessState {
-    fn new(m: &CoreModel) -> SessState {
-        SessState {
-            st: m.new_state(),
-            pending: None,
-            last: None,
-        }
-    }
-}
-
-#[pyclass(frozen, name = "Session")]
+/// A session of the core (`model::generate::Session`: the state, the pending token, the last
+/// logits and the generation rules). One call at a time: a second concurrent call raises
+/// "busy" at once instead of waiting.
+#[pyclass(frozen, name = "Session", module = "v4flash._core")]
 struct PySession {
-    model: Arc<CoreModel>,
-    st: Arc<Mutex<SessState>>,
+    s: Arc<Mutex<CoreSession>>,
 }
 
-#[pyclass(frozen, name = "Snapshot")]
+#[pyclass(frozen, name = "Snapshot", module = "v4flash._core")]
 struct PySnapshot {
     snap: CoreSnapshot,
 }
@@ -411,31 +393,36 @@ impl PySnapshot {
     }
 }
 
-impl PySession {
-    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, SessState>> {
-        self.st.try_lock().map_err(|_| {
-            PyRuntimeError::new_err("this session is busy with another call (one call at a time per session; use separate sessions for concurrency)")
-        })
-    }
+/// One generation's tokens, one core step per `__next__` (the core feeds, samples with the
+/// step's seed and stops); it shares the session, and each step is one call on it.
+#[pyclass(frozen, name = "Stream", module = "v4flash._core")]
+struct PyStream {
+    s: Arc<Mutex<CoreSession>>,
+    g: Mutex<Generation>,
 }
 
-fn flush(
-    m: &CoreModel,
-    s: &mut SessState,
-    ids: &[u32],
-    want: Want,
-    cancel: &(dyn Fn() -> bool + Sync),
-) -> crate::Result<()> {
-    let mut all = Vec::with_capacity(ids.len() + 1);
-    all.extend(s.pending);
-    all.extend_from_slice(ids);
-    if all.is_empty() {
-        return Ok(());
-    }
-    let v = m.forward(&mut s.st, &all, want, cancel)?;
-    s.pending = None;
-    s.last = if want == Want::Last { Some(v) } else { None };
-    Ok(())
+const BUSY: &str = "this session is busy with another call (one call at a time per session; use separate sessions for concurrency)";
+
+fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+    m.try_lock().map_err(|_| PyRuntimeError::new_err(BUSY))
+}
+
+fn generation(
+    ids: Vec<u32>,
+    max_new: usize,
+    temperature: f32,
+    top_p: f32,
+    top_k: usize,
+    seed: u64,
+    stop_ids: Vec<u32>,
+) -> PyResult<Generation> {
+    let params = SampleParams {
+        temperature,
+        top_p,
+        top_k,
+        seed,
+    };
+    Generation::new(ids, max_new, params, stop_ids).map_err(to_py)
 }
 
 #[pymethods]
@@ -443,32 +430,26 @@ impl PySession {
     /// Number of tokens in the sequence (including a sampled token not yet fed).
     #[getter]
     fn position(&self) -> PyResult<usize> {
-        let s = self.lock()?;
-        Ok(s.st.pos() + s.pending.is_some() as usize)
+        Ok(lock(&self.s)?.position())
     }
 
     /// Token ids of the whole sequence so far.
     #[getter]
     fn tokens(&self) -> PyResult<Vec<u32>> {
-        let s = self.lock()?;
-        let mut t = s.st.tokens.clone();
-        t.extend(s.pending);
-        Ok(t)
+        Ok(lock(&self.s)?.tokens())
     }
 
     /// Feeds tokens (prefill) without sampling.
     fn feed(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
-        let mut guard = self.lock()?;
-        let s: &mut SessState = &mut guard;
-        let m = self.model.clone();
-        run_cancellable(py, |c| {
-            flush(&m, s, &ids, Want::Last, &|| c.load(Ordering::Relaxed))
-        })
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        run_cancellable(py, |c| s.feed(&ids, &|| c.load(Ordering::Relaxed)))
     }
 
-    /// Feeds `ids` then samples up to `max_new` tokens, stopping after a stop id.
+    /// Feeds `ids` then samples up to `max_new` tokens, stopping after a stop id or when the
+    /// context is full. On Ctrl-C the KeyboardInterrupt propagates; the tokens produced so
+    /// far stay in the session (its state is consistent after every token).
     #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids))]
-    #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
         py: Python<'_>,
@@ -480,108 +461,69 @@ impl PySession {
         seed: u64,
         stop_ids: Vec<u32>,
     ) -> PyResult<Vec<u32>> {
-        let params = SampleParams {
-            temperature,
-            top_p,
-            top_k,
-            seed,
-        };
-        params.check().map_err(to_py)?;
-        let mut guard = self.lock()?;
-        let s: &mut SessState = &mut guard;
-        let m = self.model.clone();
-        let mut out = Vec::new();
-        let r = run_cancellable(py, |c| {
-            let cancel = || c.load(Ordering::Relaxed);
-
-            if !ids.is_empty() || s.pending.is_some() || s.last.is_none() {
-                if ids.is_empty() && s.pending.is_none() {
-                    return Err(Error::arg(
-                        "generate needs at least one token to condition on (the prompt is empty)",
-                    ));
-                }
-                flush(&m, s, &ids, Want::Last, &cancel)?;
-            }
-            while out.len() < max_new {
-                let logits = s
-                    .last
-                    .take()
-                    .ok_or_else(|| Error::arg("no logits to sample from"))?;
-                // step i samples with seed + i, so streaming step by step gives the same tokens
-                let mut p = params.clone();
-                p.seed = params.seed.wrapping_add(out.len() as u64);
-                let tok = Sampler::new(p).pick(&logits);
-                out.push(tok);
-                s.pending = Some(tok);
-                // stop at a stop id, at the limit, or when the context is full (the sampled
-                // token cannot be fed; it is returned and stays pending in the session)
-                if stop_ids.contains(&tok) || out.len() == max_new || s.st.pos() >= m.ctx {
-                    break;
-                }
-                if cancel() {
-                    return Err(Error::Cancelled);
-                }
-                flush(&m, s, &[], Want::Last, &cancel)?;
-            }
-            Ok(())
-        });
-        // On Ctrl-C the KeyboardInterrupt propagates; the tokens produced so far stay in the
-        // session (its state is consistent after every token), see `tokens`.
-        r.map(|()| out)
+        let mut g = generation(ids, max_new, temperature, top_p, top_k, seed, stop_ids)?;
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        run_cancellable(py, |c| s.generate(&mut g, &|| c.load(Ordering::Relaxed)))
     }
 
-    /// Samples one token (feeding `ids` first); used by the Python streaming iterator.
-    #[pyo3(signature = (ids, temperature, top_p, top_k, seed))]
-    fn step(
+    /// Like `generate`, as an iterator: nothing runs until the first `next()`.
+    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids))]
+    fn stream(
         &self,
-        py: Python<'_>,
         ids: Vec<u32>,
+        max_new: usize,
         temperature: f32,
         top_p: f32,
         top_k: usize,
         seed: u64,
-    ) -> PyResult<u32> {
-        let out = self.generate(py, ids, 1, temperature, top_p, top_k, seed, Vec::new())?;
-        out.first()
-            .copied()
-            .ok_or_else(|| PyKeyboardInterrupt::new_err("generation cancelled"))
-    }
-
-    fn snapshot(&self, py: Python<'_>) -> PyResult<PySnapshot> {
-        let mut guard = self.lock()?;
-        let s: &mut SessState = &mut guard;
-        let m = self.model.clone();
-        if s.pending.is_some() {
-            run_cancellable(py, |c| {
-                flush(&m, s, &[], Want::Last, &|| c.load(Ordering::Relaxed))
-            })?;
-        }
-        Ok(PySnapshot {
-            snap: s.st.snapshot(),
+        stop_ids: Vec<u32>,
+    ) -> PyResult<PyStream> {
+        let g = generation(ids, max_new, temperature, top_p, top_k, seed, stop_ids)?;
+        Ok(PyStream {
+            s: self.s.clone(),
+            g: Mutex::new(g),
         })
     }
 
-    fn rollback(&self, snap: &PySnapshot) -> PyResult<()> {
-        let mut s = self.lock()?;
-        if s.pending.is_some() {
-            // The pending token lies after every snapshot position; it is dropped.
-            s.pending = None;
-        }
-        s.st.rollback(&snap.snap).map_err(to_py)?;
-        s.last = None;
-        Ok(())
+    fn snapshot(&self, py: Python<'_>) -> PyResult<PySnapshot> {
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        let snap = run_cancellable(py, |c| s.snapshot(&|| c.load(Ordering::Relaxed)))?;
+        Ok(PySnapshot { snap })
     }
 
-    /// Logits after the last fed token (float32 little-endian bytes), if computed.
+    fn rollback(&self, snap: &PySnapshot) -> PyResult<()> {
+        lock(&self.s)?.rollback(&snap.snap).map_err(to_py)
+    }
+
+    /// Logits after the last fed token (float32 little-endian bytes), if at hand.
     fn last_logits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let s = self.lock()?;
-        Ok(s.last.as_ref().map(|v| f32_bytes(py, v)))
+        let s = lock(&self.s)?;
+        Ok(s.last_logits().map(|v| f32_bytes(py, v)))
     }
 
     fn reset(&self) -> PyResult<()> {
-        let mut s = self.lock()?;
-        *s = SessState::new(&self.model);
+        lock(&self.s)?.reset();
         Ok(())
+    }
+}
+
+#[pymethods]
+impl PyStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<u32>> {
+        let mut g = lock(&self.g)?;
+        let g: &mut Generation = &mut g;
+        if g.finished() {
+            return Ok(None);
+        }
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        run_cancellable(py, |c| s.step(g, &|| c.load(Ordering::Relaxed)))
     }
 }
 
@@ -598,5 +540,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyModel>()?;
     m.add_class::<PySession>()?;
     m.add_class::<PySnapshot>()?;
+    m.add_class::<PyStream>()?;
     Ok(())
 }

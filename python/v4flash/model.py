@@ -116,7 +116,7 @@ class Session:
         first, n, s, stops = self._prepare(
             ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids
         )
-        return self._stream(first, n, s, set(stops))
+        return self._stream(first, n, s, stops)
 
     def _prepare(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids):
         """Checks the arguments shared by ``generate`` and ``stream``."""
@@ -126,14 +126,9 @@ class Session:
         return self._model._check(_ids(ids, allow_empty=True)), n, s, stops
 
     def _stream(self, first, n, s, stops) -> Iterator[int]:
-        feed = first
-        for i in range(n):
-            # each step draws from the same seeded stream, offset by the step index
-            tok = self._core.step(feed, s.temperature, s.top_p, s.top_k, (s.seed + i) % (1 << 64))
-            feed = []
-            yield tok
-            if tok in stops:
-                return
+        # one core step per token: the core feeds, seeds step i with seed + i and stops (stop
+        # id, max_new_tokens, full context) exactly as generate does
+        yield from self._core.stream(first, n, s.temperature, s.top_p, s.top_k, s.seed, stops)
 
     def snapshot(self) -> Any:
         """A restorable point at the current position."""

@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod compressor;
+pub mod generate;
 pub mod hc;
 pub mod moe;
 pub mod rope;

@@ -1,0 +1,492 @@
+//! A generating session: a sequence's `State` plus what generation needs between calls (the
+//! last sampled token, not yet fed, and the logits after the last fed token), and the one
+//! sampling step that `generate` and streaming both run.
+//!
+//! The rules live here and only here:
+//! - step i of a generation samples with `seed + i` (wrapping), so a generation streamed
+//!   step by step, run in one call, or run again after a rollback gives the same tokens;
+//! - a sampled token is fed by the *next* step (or the next call), so a finished answer costs
+//!   no forward pass for its last token;
+//! - a generation stops after a stop id, after `max_new` tokens, or when the context is full
+//!   (the sampled token is returned; it cannot be fed and stays pending in the session);
+//! - `cancel` is polled between layers of every forward pass; a cancelled call leaves the
+//!   session consistent (the tokens sampled so far stay in it).
+
+use super::sample::{SampleParams, Sampler};
+use super::session::{Snapshot as StateSnapshot, State};
+use super::{Model, Want};
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// A sequence being fed and generated from. One call at a time (`&mut self`); the binding
+/// guards it with a lock.
+pub struct Session {
+    model: Arc<Model>,
+    st: State,
+    /// The last sampled token, returned to the caller but not yet fed: the next step or call
+    /// feeds it first.
+    pending: Option<u32>,
+    /// Logits after the last fed token. Invariant: `Some` whenever no token is pending and
+    /// the state holds at least one token (a rollback restores them from the snapshot), so
+    /// generation can always continue from where the session stands.
+    last: Option<Vec<f32>>,
+}
+
+/// A restorable point of a session.
+///
+/// It keeps the logits after its last token besides the state, so that generating right
+/// after a rollback samples from them. The alternative, recomputing them by re-feeding the
+/// last token, would need the state *before* that token, which the snapshot does not hold
+/// (windows and compressor buffers are overwritten in place; only compressed entries are
+/// append-only): it would take a second snapshot one token earlier (every layer's window
+/// again, far more than one row) plus a decode step per rollback (expert reads from disk).
+/// One vocabulary row (~0.5 MB for V4 Flash, a few percent of the snapshot's windows) costs
+/// less, and restores the logits bit for bit by construction.
+#[derive(Clone)]
+pub struct Snapshot {
+    state: StateSnapshot,
+    last: Option<Vec<f32>>,
+}
+
+impl Snapshot {
+    /// Tokens in the sequence at the snapshot.
+    pub fn pos(&self) -> usize {
+        self.state.pos()
+    }
+}
+
+/// One generation's arguments and progress: the prompt to feed first, the sampling
+/// parameters, the stop ids, and how many tokens it produced (the step index of the seed
+/// rule). Advance it with `Session::step`; it is independent of the session's other calls.
+pub struct Generation {
+    /// Fed by the first step (with a pending token before it); `None` once fed.
+    prompt: Option<Vec<u32>>,
+    params: SampleParams,
+    stop_ids: Vec<u32>,
+    max_new: usize,
+    produced: usize,
+    /// A stop id, `max_new` or a full context was reached.
+    stopped: bool,
+}
+
+impl Generation {
+    /// A generation that feeds `prompt`, then samples up to `max_new` tokens.
+    pub fn new(
+        prompt: Vec<u32>,
+        max_new: usize,
+        params: SampleParams,
+        stop_ids: Vec<u32>,
+    ) -> Result<Generation> {
+        params.check()?;
+        Ok(Generation {
+            prompt: Some(prompt),
+            params,
+            stop_ids,
+            max_new,
+            produced: 0,
+            stopped: max_new == 0,
+        })
+    }
+
+    /// Tokens sampled so far.
+    pub fn produced(&self) -> usize {
+        self.produced
+    }
+
+    /// Nothing is left to do: the prompt is fed and no further token will be sampled.
+    pub fn finished(&self) -> bool {
+        self.stopped && self.prompt.is_none()
+    }
+}
+
+impl Session {
+    pub fn new(model: Arc<Model>) -> Session {
+        Session {
+            st: model.new_state(),
+            model,
+            pending: None,
+            last: None,
+        }
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Tokens in the sequence, including a sampled token not yet fed.
+    pub fn position(&self) -> usize {
+        self.st.pos() + self.pending.is_some() as usize
+    }
+
+    /// Token ids of the whole sequence, including a sampled token not yet fed.
+    pub fn tokens(&self) -> Vec<u32> {
+        let mut t = Vec::with_capacity(self.position());
+        t.extend_from_slice(&self.st.tokens);
+        t.extend(self.pending);
+        t
+    }
+
+    /// Logits after the last fed token, when they are at hand (not while a sampled token
+    /// waits to be fed, nor before anything was fed).
+    pub fn last_logits(&self) -> Option<&[f32]> {
+        self.last.as_deref()
+    }
+
+    /// Feeds the pending token (if any) and `ids` in one forward pass, keeping the logits
+    /// after the last one. On error (cancelled included) nothing changes.
+    fn flush<C: Fn() -> bool + Sync>(&mut self, ids: &[u32], cancel: &C) -> Result<()> {
+        let mut all = Vec::with_capacity(ids.len() + 1);
+        all.extend(self.pending);
+        all.extend_from_slice(ids);
+        if all.is_empty() {
+            return Ok(());
+        }
+        let v = self.model.forward(&mut self.st, &all, Want::Last, cancel)?;
+        self.pending = None;
+        self.last = Some(v);
+        Ok(())
+    }
+
+    /// Feeds tokens (prefill) without sampling.
+    pub fn feed<C: Fn() -> bool + Sync>(&mut self, ids: &[u32], cancel: &C) -> Result<()> {
+        self.flush(ids, cancel)
+    }
+
+    /// One step of `g`: feeds its prompt (first step) or the previous step's token, then
+    /// samples the next token with `seed + step index`. Returns `None` once the generation
+    /// has stopped. On error nothing is sampled and `g` can be stepped again.
+    pub fn step<C: Fn() -> bool + Sync>(
+        &mut self,
+        g: &mut Generation,
+        cancel: &C,
+    ) -> Result<Option<u32>> {
+        if let Some(prompt) = &g.prompt {
+            if prompt.is_empty() && self.pending.is_none() && self.last.is_none() {
+                return Err(Error::arg(if self.st.pos() == 0 {
+                    "generate needs at least one token to condition on (the prompt is empty)"
+                } else {
+                    "internal: the session has no logits to sample from"
+                }));
+            }
+            self.flush(prompt, cancel)?;
+            g.prompt = None;
+        }
+        if g.stopped {
+            return Ok(None);
+        }
+        self.flush(&[], cancel)?;
+        let logits = self
+            .last
+            .take()
+            .ok_or_else(|| Error::arg("internal: the session has no logits to sample from"))?;
+        let mut p = g.params.clone();
+        p.seed = g.params.seed.wrapping_add(g.produced as u64);
+        let tok = Sampler::new(p).pick(&logits);
+        self.pending = Some(tok);
+        g.produced += 1;
+        // the sampled token is fed by the next step; when the context is full it cannot be
+        // fed, so the generation stops and returns it
+        g.stopped =
+            g.stop_ids.contains(&tok) || g.produced >= g.max_new || self.st.pos() >= self.model.ctx;
+        Ok(Some(tok))
+    }
+
+    /// Runs `g` to its end, calling `on_token` with each token as soon as it is sampled;
+    /// returns all of them. The same steps as streaming with `step`.
+    pub fn generate_with<C: Fn() -> bool + Sync, F: FnMut(u32)>(
+        &mut self,
+        g: &mut Generation,
+        cancel: &C,
+        mut on_token: F,
+    ) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        while let Some(tok) = self.step(g, cancel)? {
+            on_token(tok);
+            out.push(tok);
+        }
+        Ok(out)
+    }
+
+    /// Runs `g` to its end; returns the sampled tokens.
+    pub fn generate<C: Fn() -> bool + Sync>(
+        &mut self,
+        g: &mut Generation,
+        cancel: &C,
+    ) -> Result<Vec<u32>> {
+        self.generate_with(g, cancel, |_| {})
+    }
+
+    /// A restorable point at the current position (feeds a pending token first, so the
+    /// snapshot holds the logits to continue from).
+    pub fn snapshot<C: Fn() -> bool + Sync>(&mut self, cancel: &C) -> Result<Snapshot> {
+        self.flush(&[], cancel)?;
+        Ok(Snapshot {
+            state: self.st.snapshot(),
+            last: self.last.clone(),
+        })
+    }
+
+    /// Returns to `snap` (taken on a session of the same model whose tokens are a prefix of
+    /// this one's). On error the session is unchanged.
+    pub fn rollback(&mut self, snap: &Snapshot) -> Result<()> {
+        // a pending token lies after every snapshot position (snapshots feed it): dropped
+        self.st.rollback(&snap.state)?;
+        self.pending = None;
+        self.last.clone_from(&snap.last);
+        Ok(())
+    }
+
+    /// Empties the sequence.
+    pub fn reset(&mut self) {
+        self.st = self.model.new_state();
+        self.pending = None;
+        self.last = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LoadOptions;
+    use std::path::Path;
+    use std::sync::OnceLock;
+
+    const PROMPT: [u32; 5] = [0, 7, 9, 11, 3];
+
+    fn load(ctx: Option<usize>) -> Arc<Model> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-a");
+        let opts = LoadOptions {
+            threads: Some(1),
+            ctx,
+            ..LoadOptions::default()
+        };
+        Arc::new(Model::load(&dir, &opts).expect("the tiny-a fixture loads"))
+    }
+
+    /// One model for the tests that do not need their own context length.
+    fn model() -> Arc<Model> {
+        static M: OnceLock<Arc<Model>> = OnceLock::new();
+        M.get_or_init(|| load(None)).clone()
+    }
+
+    fn params(temperature: f32, seed: u64) -> SampleParams {
+        SampleParams {
+            temperature,
+            top_p: 0.9,
+            top_k: 50,
+            seed,
+        }
+    }
+
+    fn gen(prompt: &[u32], max_new: usize, p: SampleParams, stops: &[u32]) -> Generation {
+        Generation::new(prompt.to_vec(), max_new, p, stops.to_vec()).unwrap()
+    }
+
+    const NO: fn() -> bool = || false;
+
+    #[test]
+    fn one_call_equals_single_steps_and_the_token_callback() {
+        let m = model();
+        for p in [params(0.0, 0), params(1.0, 11)] {
+            let mut a = Session::new(m.clone());
+            let all = a
+                .generate(&mut gen(&PROMPT, 10, p.clone(), &[]), &NO)
+                .unwrap();
+            assert_eq!(all.len(), 10);
+
+            let mut b = Session::new(m.clone());
+            let mut g = gen(&PROMPT, 10, p.clone(), &[]);
+            let mut steps = Vec::new();
+            while let Some(t) = b.step(&mut g, &NO).unwrap() {
+                steps.push(t);
+                assert_eq!(g.produced(), steps.len());
+            }
+            assert!(g.finished());
+            assert_eq!(
+                b.step(&mut g, &NO).unwrap(),
+                None,
+                "a finished generation stays so"
+            );
+            assert_eq!(steps, all);
+
+            let mut c = Session::new(m.clone());
+            let mut seen = Vec::new();
+            let got = c
+                .generate_with(&mut gen(&PROMPT, 10, p, &[]), &NO, |t| seen.push(t))
+                .unwrap();
+            assert_eq!((&got, &seen), (&all, &all));
+
+            for s in [&a, &b, &c] {
+                assert_eq!(s.tokens(), [&PROMPT[..], &all].concat());
+                assert_eq!(s.position(), PROMPT.len() + 10);
+            }
+        }
+    }
+
+    #[test]
+    fn sampling_depends_on_the_seed_and_step_index() {
+        let m = model();
+        let run = |seed| {
+            let mut s = Session::new(m.clone());
+            s.generate(&mut gen(&PROMPT, 12, params(1.0, seed), &[]), &NO)
+                .unwrap()
+        };
+        assert_eq!(run(3), run(3));
+        assert_ne!(run(3), run(4));
+    }
+
+    #[test]
+    fn rollback_then_generate_continues_as_the_original() {
+        let m = model();
+        for p in [params(0.0, 0), params(1.0, 5)] {
+            let mut s = Session::new(m.clone());
+            s.feed(&PROMPT, &NO).unwrap();
+            let at = s.last_logits().unwrap().to_vec();
+            let snap = s.snapshot(&NO).unwrap();
+            assert_eq!(snap.pos(), PROMPT.len());
+            let first = s.generate(&mut gen(&[], 8, p.clone(), &[]), &NO).unwrap();
+            s.rollback(&snap).unwrap();
+            assert_eq!(s.position(), PROMPT.len());
+            assert_eq!(
+                s.last_logits(),
+                Some(&at[..]),
+                "the snapshot's logits, bit for bit"
+            );
+            // generate with nothing new to feed: samples from the restored logits
+            let again = s.generate(&mut gen(&[], 8, p.clone(), &[]), &NO).unwrap();
+            assert_eq!(again, first);
+
+            // a snapshot taken with a sampled token pending (it is fed first)
+            let mut t = Session::new(m.clone());
+            let head = t
+                .generate(&mut gen(&PROMPT, 3, p.clone(), &[]), &NO)
+                .unwrap();
+            let snap = t.snapshot(&NO).unwrap();
+            assert_eq!(snap.pos(), PROMPT.len() + 3);
+            let tail = t.generate(&mut gen(&[], 5, p.clone(), &[]), &NO).unwrap();
+            t.rollback(&snap).unwrap();
+            assert_eq!(t.tokens(), [&PROMPT[..], &head].concat());
+            let tail2 = t.generate(&mut gen(&[], 5, p.clone(), &[]), &NO).unwrap();
+            assert_eq!(tail2, tail);
+            // ... and the same as a fresh session fed the whole sequence
+            let mut f = Session::new(m.clone());
+            f.feed(&[&PROMPT[..], &head].concat(), &NO).unwrap();
+            assert_eq!(f.generate(&mut gen(&[], 5, p, &[]), &NO).unwrap(), tail);
+        }
+    }
+
+    #[test]
+    fn empty_prompt_and_empty_snapshot_have_nothing_to_sample_from() {
+        let m = model();
+        let mut s = Session::new(m.clone());
+        let empty = s.snapshot(&NO).unwrap();
+        let e = s
+            .generate(&mut gen(&[], 3, params(0.0, 0), &[]), &NO)
+            .unwrap_err();
+        assert!(e.to_string().contains("prompt is empty"), "{e}");
+        s.feed(&PROMPT, &NO).unwrap();
+        s.rollback(&empty).unwrap();
+        assert_eq!((s.position(), s.last_logits()), (0, None));
+        let e = s
+            .generate(&mut gen(&[], 3, params(0.0, 0), &[]), &NO)
+            .unwrap_err();
+        assert!(e.to_string().contains("prompt is empty"), "{e}");
+        // a failed rollback changes nothing (the pending token included)
+        let mut other = Session::new(m.clone());
+        other.feed(&[0, 4, 6], &NO).unwrap();
+        let foreign = other.snapshot(&NO).unwrap();
+        let out = s
+            .generate(&mut gen(&PROMPT, 2, params(0.0, 0), &[]), &NO)
+            .unwrap();
+        let before = s.tokens();
+        assert!(s.rollback(&foreign).is_err());
+        assert_eq!(s.tokens(), before);
+        assert_eq!(s.position(), PROMPT.len() + out.len());
+    }
+
+    #[test]
+    fn a_stop_id_ends_the_generation_and_is_returned() {
+        let m = model();
+        let mut s = Session::new(m.clone());
+        let free = s
+            .generate(&mut gen(&PROMPT, 12, params(1.0, 9), &[]), &NO)
+            .unwrap();
+        let k = 4;
+        let stop = free[k];
+        let first = free.iter().position(|&t| t == stop).unwrap();
+        let mut s = Session::new(m.clone());
+        let mut g = gen(&PROMPT, 12, params(1.0, 9), &[stop, u32::MAX]);
+        let out = s.generate(&mut g, &NO).unwrap();
+        assert_eq!(out, free[..=first]);
+        assert!(g.finished());
+        assert_eq!(s.tokens(), [&PROMPT[..], &out].concat());
+    }
+
+    #[test]
+    fn a_full_context_stops_and_returns_the_tokens() {
+        let small = load(Some(8));
+        let mut s = Session::new(small.clone());
+        s.feed(&[0, 1, 2, 3, 4, 5], &NO).unwrap();
+        let out = s
+            .generate(&mut gen(&[], 10, params(0.0, 0), &[]), &NO)
+            .unwrap();
+        // tokens 7 and 8 are fed; the one sampled at position 8 cannot be, and is returned
+        assert_eq!(out.len(), 3);
+        let mut big = Session::new(model());
+        big.feed(&[0, 1, 2, 3, 4, 5], &NO).unwrap();
+        let want = big
+            .generate(&mut gen(&[], 3, params(0.0, 0), &[]), &NO)
+            .unwrap();
+        assert_eq!(out, want);
+        assert_eq!(s.tokens(), [&[0, 1, 2, 3, 4, 5][..], &out].concat());
+        // at the limit, generation can only fail (nothing can be fed), with the context error
+        let e = s
+            .generate(&mut gen(&[], 1, params(0.0, 0), &[]), &NO)
+            .unwrap_err();
+        assert!(e.to_string().contains("context of 8 tokens"), "{e}");
+    }
+
+    #[test]
+    fn a_cancelled_step_changes_nothing_and_can_be_retried() {
+        let m = model();
+        let p = params(1.0, 21);
+        let mut want = Session::new(m.clone());
+        let all = want
+            .generate(&mut gen(&PROMPT, 6, p.clone(), &[]), &NO)
+            .unwrap();
+
+        let mut s = Session::new(m.clone());
+        let mut g = gen(&PROMPT, 6, p, &[]);
+        let yes = || true;
+        assert!(matches!(s.step(&mut g, &yes), Err(Error::Cancelled)));
+        assert_eq!((s.position(), g.produced()), (0, 0));
+        let mut got = vec![s.step(&mut g, &NO).unwrap().unwrap()];
+        assert!(matches!(s.step(&mut g, &yes), Err(Error::Cancelled)));
+        assert_eq!(
+            s.tokens(),
+            [&PROMPT[..], &got].concat(),
+            "the sampled token stays"
+        );
+        while let Some(t) = s.step(&mut g, &NO).unwrap() {
+            got.push(t);
+        }
+        assert_eq!(got, all);
+    }
+
+    #[test]
+    fn zero_new_tokens_feeds_the_prompt_only() {
+        let m = model();
+        let mut s = Session::new(m);
+        let mut g = gen(&PROMPT, 0, params(0.0, 0), &[]);
+        assert!(!g.finished());
+        assert_eq!(s.generate(&mut g, &NO).unwrap(), Vec::<u32>::new());
+        assert!(g.finished());
+        assert_eq!(s.tokens(), PROMPT);
+        assert!(s.last_logits().is_some());
+        let bad = SampleParams {
+            top_p: 0.0,
+            ..params(1.0, 0)
+        };
+        assert!(Generation::new(vec![0], 1, bad, vec![]).is_err());
+    }
+}
