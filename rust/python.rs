@@ -9,13 +9,15 @@ use crate::model::{LoadOptions, Model as CoreModel, Want};
 use crate::plan::Plan;
 use crate::store::io::IoMode;
 use crate::store::policy::Policy;
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::create_exception;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyOSError,
     PyPermissionError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -206,14 +208,6 @@ fn fma_peak_gflops(py: Python<'_>, threads: Option<usize>) -> PyResult<f64> {
         .map_err(to_py)
 }
 
-fn f32_bytes<'py>(py: Python<'py>, v: &[f32]) -> Bound<'py, PyBytes> {
-    let mut b = Vec::with_capacity(v.len() * 4);
-    for x in v {
-        b.extend_from_slice(&x.to_le_bytes());
-    }
-    PyBytes::new(py, &b)
-}
-
 #[pyfunction]
 fn kernel_tier() -> &'static str {
     crate::kernels::tier_name()
@@ -281,18 +275,17 @@ impl PyModel {
         self.inner.experts.policy.name()
     }
 
-    /// Teacher-forced logits for every position, from a fresh state: (bytes, rows, vocab).
-    fn logits<'py>(
-        &self,
-        py: Python<'py>,
-        ids: Vec<u32>,
-    ) -> PyResult<(Bound<'py, PyBytes>, usize, usize)> {
+    /// Teacher-forced logits for every position, from a fresh state: float32 [len(ids), vocab]
+    /// (the array owns the core's buffer: no copy).
+    fn logits<'py>(&self, py: Python<'py>, ids: Vec<u32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let m = self.inner.clone();
         let v = run_cancellable(py, |c| {
             let mut st = m.new_state();
             m.forward(&mut st, &ids, Want::All, &|| c.load(Ordering::Relaxed))
         })?;
-        Ok((f32_bytes(py, &v), ids.len(), self.inner.cfg.vocab_size))
+        let a = Array2::from_shape_vec((ids.len(), self.inner.cfg.vocab_size), v)
+            .map_err(|e| PyRuntimeError::new_err(format!("internal: logits shape: {e}")))?;
+        Ok(a.into_pyarray(py))
     }
 
     /// Reads (without computing) the given experts of a layer into the cache and returns the
@@ -497,10 +490,10 @@ impl PySession {
         lock(&self.s)?.rollback(&snap.snap).map_err(to_py)
     }
 
-    /// Logits after the last fed token (float32 little-endian bytes), if at hand.
-    fn last_logits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    /// float32 [vocab] logits after the last fed token (a copy), if at hand.
+    fn last_logits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
         let s = lock(&self.s)?;
-        Ok(s.last_logits().map(|v| f32_bytes(py, v)))
+        Ok(s.last_logits().map(|v| PyArray1::from_slice(py, v)))
     }
 
     fn reset(&self) -> PyResult<()> {

@@ -75,6 +75,22 @@ def test_stream_is_the_same_steps_as_generate_and_stops_like_it():
     assert a.tokens == b.tokens == list(range(6)) + got
 
 
+def test_logits_are_float32_arrays():
+    m = model_for("tiny-a")
+    v = m.config.vocab_size
+    x = m.logits([0, 5, 6])
+    assert isinstance(x, np.ndarray) and x.dtype == np.float32 and x.shape == (3, v)
+    assert x.flags.c_contiguous and x.flags.writeable
+    s = m.session()
+    assert s.last_logits() is None
+    s.feed([0, 5, 6])
+    y = s.last_logits()
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == (v,)
+    np.testing.assert_array_equal(y, x[-1])
+    y[:] = 0  # a copy: the session's logits are untouched
+    np.testing.assert_array_equal(s.last_logits(), x[-1])
+
+
 def test_a_finished_core_call_is_noticed_at_once():
     """The waiting thread wakes when the worker finishes; it polls for Ctrl-C (every 20 ms)
     only while the work runs. Before, every call slept 20 ms first: 25 calls took >= 0.5 s."""

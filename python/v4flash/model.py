@@ -79,9 +79,9 @@ class Session:
         self._core.feed(self._model._check(_ids(ids)))
 
     def last_logits(self) -> Optional[np.ndarray]:
-        """float32 [vocab] logits after the last fed token, if the last call computed them."""
-        b = self._core.last_logits()
-        return None if b is None else np.frombuffer(b, dtype="<f4").copy()
+        """float32 [vocab] logits after the last fed token (after a rollback: the snapshot's),
+        or None while a sampled token waits to be fed or before anything was fed."""
+        return self._core.last_logits()
 
     def generate(
         self,
@@ -178,8 +178,7 @@ class Model:
 
     def logits(self, ids: IdsLike) -> np.ndarray:
         """float32 [len(ids), vocab]: teacher-forced logits from a fresh state."""
-        b, n, v = self._core.logits(self._check(_ids(ids)))
-        return np.frombuffer(b, dtype="<f4").reshape(n, v).copy()
+        return self._core.logits(self._check(_ids(ids)))
 
     def session(self) -> Session:
         return Session(self, self._core.session())
