@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -89,6 +90,12 @@ def test_logits_are_float32_arrays():
     np.testing.assert_array_equal(y, x[-1])
     y[:] = 0  # a copy: the session's logits are untouched
     np.testing.assert_array_equal(s.last_logits(), x[-1])
+
+
+def test_the_core_stub_ships_with_the_package():
+    pkg = Path(v4flash.__file__).parent
+    assert (pkg / "_core.pyi").is_file()
+    assert (pkg / "py.typed").is_file()
 
 
 def test_a_finished_core_call_is_noticed_at_once():

@@ -1,0 +1,116 @@
+"""Types of the Rust extension ``v4flash._core`` (rust/python.rs); checked against the built
+module by ``python3 -m mypy.stubtest v4flash._core`` in CI. The public API is ``v4flash.load``
+and friends (model.py), which check arguments before they reach these functions."""
+
+from os import PathLike
+from typing import Any, Sequence, final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "__version__",
+    "V4FlashError",
+    "kernel_tier",
+    "open_checkpoint",
+    "plan",
+    "mem_read_gbs",
+    "disk_read_gbs",
+    "fma_peak_gflops",
+    "Model",
+    "Session",
+    "Snapshot",
+    "Stream",
+]
+
+_Path = str | PathLike[str]
+
+__version__: str
+
+class V4FlashError(Exception):
+    """A checkpoint or config that v4flash cannot use."""
+
+def kernel_tier() -> str: ...
+def open_checkpoint(path: _Path) -> int: ...
+def plan(
+    path: _Path,
+    ram_bytes: int | None = None,
+    ctx: int | None = None,
+    expert_cache_bytes: int | None = None,
+) -> dict[str, int]: ...
+def mem_read_gbs(nbytes: int = ..., threads: int | None = None, reps: int = 3) -> float: ...
+def disk_read_gbs(path: _Path, nbytes: int = ...) -> tuple[float, bool]: ...
+def fma_peak_gflops(threads: int | None = None) -> float: ...
+
+@final
+class Model:
+    @staticmethod
+    def load(
+        path: _Path,
+        threads: int | None = None,
+        expert_cache_bytes: int | None = None,
+        ctx: int | None = None,
+        ram_bytes: int | None = None,
+        io: str = "direct",
+        policy: str = "freq-decay",
+        io_threads: int = 8,
+    ) -> Model: ...
+    def plan(self) -> dict[str, int]: ...
+    @property
+    def io_mode(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+    def logits(self, ids: Sequence[int]) -> npt.NDArray[np.float32]: ...
+    def read_experts(self, layer: int, experts: Sequence[int]) -> float: ...
+    def session(self) -> Session: ...
+    @property
+    def ctx(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def resident_bytes(self) -> int: ...
+    @property
+    def expert_bytes(self) -> int: ...
+    def stats(self) -> dict[str, Any]: ...
+
+@final
+class Session:
+    @property
+    def position(self) -> int: ...
+    @property
+    def tokens(self) -> list[int]: ...
+    def feed(self, ids: Sequence[int]) -> None: ...
+    def generate(
+        self,
+        ids: Sequence[int],
+        max_new: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        seed: int,
+        stop_ids: Sequence[int],
+    ) -> list[int]: ...
+    def stream(
+        self,
+        ids: Sequence[int],
+        max_new: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        seed: int,
+        stop_ids: Sequence[int],
+    ) -> Stream: ...
+    def snapshot(self) -> Snapshot: ...
+    def rollback(self, snap: Snapshot) -> None: ...
+    def last_logits(self) -> npt.NDArray[np.float32] | None: ...
+    def reset(self) -> None: ...
+
+@final
+class Snapshot:
+    @property
+    def position(self) -> int: ...
+
+@final
+class Stream:
+    def __iter__(self) -> Stream: ...
+    def __next__(self) -> int: ...
