@@ -210,6 +210,47 @@ class Model:
         d["expert_hit_rate"] = d["expert_hits"] / req if req else None
         return d
 
+    # --- text level (python/v4flash/textapi.py) ----------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer (``tokenizer.json`` via ``tokenizers``), loaded once."""
+        from .textapi import tokenizer_for
+
+        return tokenizer_for(self)
+
+    @property
+    def prompt_cache(self) -> Any:
+        """The :class:`~v4flash.textapi.PromptCache` that ``chat``/``complete`` use."""
+        from .textapi import cache_for
+
+        return cache_for(self)
+
+    def chat(self, messages: List[Dict[str, Any]], **kw: Any) -> Any:
+        """Answers OpenAI-style ``messages``: a ``ChatResult`` (content, reasoning, tool_calls,
+        finish_reason, usage). See :func:`v4flash.textapi.chat` for the keywords."""
+        from .textapi import chat
+
+        return chat(self, messages, **kw)
+
+    def chat_stream(self, messages: List[Dict[str, Any]], **kw: Any) -> Iterator[Any]:
+        """Like :meth:`chat`, yielding ``ChatDelta`` pieces (reasoning/content/tool calls)."""
+        from .textapi import chat_stream
+
+        return chat_stream(self, messages, **kw)
+
+    def complete(self, text: str, **kw: Any) -> Any:
+        """Raw completion of ``text`` (no chat template): a ``CompletionResult``."""
+        from .textapi import complete
+
+        return complete(self, text, **kw)
+
+    def complete_stream(self, text: str, **kw: Any) -> Iterator[Any]:
+        """Like :meth:`complete`, yielding ``CompletionDelta`` pieces."""
+        from .textapi import complete_stream
+
+        return complete_stream(self, text, **kw)
+
 
 def _ram_bytes(ram_gb: Optional[float]) -> Optional[int]:
     if ram_gb is None:
