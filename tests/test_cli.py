@@ -364,3 +364,75 @@ def test_sigint_stops_the_answer_and_the_chat_goes_on():
     assert p.returncode == 0, p.stderr.read()
     assert "stopped; the partial answer stays" in text and "interrupted" in text
     assert '"prefill_tokens": [' in text
+
+
+# --- /save, /load and --stop ------------------------------------------------------------------
+
+
+def test_chat_save_and_load(tmp_path):
+    saved, bad = tmp_path / "conv.json", tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"role": "robot", "content": "x"}]))
+    lines = [
+        "Hello there",
+        f"/save {saved}",
+        "/reset",
+        f"/load {tmp_path / 'missing.json'}",
+        f"/load {bad}",
+        f"/load {saved}",
+        "What is 2+2?",
+        "/exit",
+    ]
+    p, doc = _chat(tmp_path, lines, "--system", "Be brief.")
+    msgs = json.loads(saved.read_text(encoding="utf-8"))
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
+    assert msgs[0]["content"] == "Be brief." and msgs[1]["content"] == "Hello there"
+    assert "saved 3 messages" in p.stdout and "loaded 3 messages" in p.stdout
+    assert p.stdout.count("cannot load") == 2 and "robot" in p.stdout
+    first, second = doc["turns"]
+    assert second["reuse"] == "new"  # loading starts a new session: the next turn prefills all
+    tok = load_tokenizer(FIXTURES / "tiny-a")
+    want = encode_prompt_ids(tok, msgs + [{"role": "user", "content": "What is 2+2?"}])
+    assert second["prompt_tokens"] == len(want)
+
+
+def test_run_stop_string(capsys):
+    args = ["run", "--model", FIXTURES / "tiny-a", *GREEDY, "--max-tokens", 40, "--json", "Hi"]
+    full = json.loads(main_(capsys, *args).stdout)
+    tok = load_tokenizer(FIXTURES / "tiny-a")
+    dec = tok.stream_decoder()
+    pieces = [dec.push(t) for t in full["ids"]]
+    # a stop string spanning two tokens (the end of one, the start of the next)
+    at = 0
+    for i in range(len(pieces) - 1):
+        at += len(pieces[i])
+        stop = pieces[i][-2:] + pieces[i + 1][:2]
+        start = at - len(pieces[i][-2:])
+        if (
+            len(stop) >= 2
+            and start >= 3
+            and "\ufffd" not in stop
+            and full["text"].find(stop) == start
+        ):
+            break
+    else:
+        raise AssertionError("no spanning stop string")
+    doc = json.loads(main_(capsys, *args, "--stop", stop, "--stop", "@@").stdout)
+    assert doc["text"] == doc["content"] == full["text"][:start]
+    assert doc["stop"] == "stop" and len(doc["ids"]) == i + 2
+    out = main_(capsys, *args[:-2], "--stop", stop, "Hi")
+    assert out.returncode == 0 and out.stdout == full["text"][:start] + "\n"
+    assert "stop" in out.stderr  # the status line says why it ended
+
+
+def test_chat_stop_keeps_the_cut_answer(tmp_path):
+    saved = tmp_path / "conv.json"
+    p, doc = _chat(tmp_path, ["Hello there", f"/save {saved}", "Again"], "--stop", " ")
+    answer = json.loads(saved.read_text(encoding="utf-8"))[1]
+    assert " " not in answer["content"]  # cut before the first space
+    assert doc["turns"][0]["stop"] == "stop" and "· stop]" in p.stdout
+    assert doc["turns"][1]["reuse"] == "rollback"  # the session held tokens past the cut
+
+
+def test_stop_must_not_be_empty():
+    p = cli("run", "--stop", "", "Hi")
+    assert p.returncode == 2 and "stop string cannot be empty" in p.stderr

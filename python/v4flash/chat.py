@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .encoding import encode_prompt_ids
+from .encoding import END_THINK, ROLES, encode_prompt_ids
+from .textapi import StopMatcher
 
 PREFILL_CHUNK = 256  # tokens per feed call when a progress callback is given
 SNAPSHOTS_KEPT = 4
@@ -45,6 +46,7 @@ class Sampling:
     top_k: int = 0
     seed: Optional[int] = None
     max_tokens: int = 1024
+    stop: Tuple[str, ...] = ()  # stop strings (the answer ends before the first one)
 
 
 @dataclass
@@ -54,7 +56,7 @@ class TurnResult:
     text: str  # everything generated, decoded
     reasoning: str
     content: str
-    stop: str  # "eos" | "length" | "interrupted" | "cancelled" (during prefill)
+    stop: str  # "eos" | "stop" (a stop string) | "length" | "interrupted" | "cancelled"
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,6 +116,43 @@ class Conversation:
         self.messages.clear()
         self._answers.clear()
         self._snaps.clear()
+
+    def export(self) -> List[Dict[str, Any]]:
+        """The conversation as OpenAI-style messages (the system prompt first, if any)."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [dict(m) for m in self.messages]
+
+    def load(self, doc: Any) -> int:
+        """Replaces the conversation with ``doc`` (a list of messages, or an object with
+        ``messages``): a leading plain system message becomes the system prompt. The state is
+        rebuilt by the next turn's prefill. Returns the number of messages; ``ValueError``
+        (nothing changed) for anything the chat format cannot encode."""
+        msgs = doc.get("messages") if isinstance(doc, dict) else doc
+        if not isinstance(msgs, list):
+            raise ValueError('expected a JSON list of messages (or {"messages": [...]})')
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict):
+                raise ValueError(f"message {i} is not an object")
+            if m.get("role") not in ROLES:
+                raise ValueError(
+                    f"message {i} has role {m.get('role')!r}; expected one of {', '.join(ROLES)}"
+                )
+        count, system = len(msgs), None
+        if msgs and set(msgs[0]) <= {"role", "content"} and msgs[0]["role"] == "system":
+            if not isinstance(msgs[0].get("content"), str):
+                raise ValueError("the system message's content must be a string")
+            system, msgs = msgs[0]["content"] or None, msgs[1:]
+        old = self.system
+        self.system = system
+        try:
+            self.encode(msgs + [{"role": "user", "content": "x"}])  # validates
+        except ValueError:
+            self.system = old
+            raise
+        self.reset()
+        self.messages = [dict(m) for m in msgs]
+        self._answers = [None] * sum(m["role"] == "assistant" for m in msgs)
+        return count
 
     def set_system(self, text: Optional[str]) -> None:
         self.system = text or None
@@ -256,27 +295,37 @@ class Conversation:
         dec = tok.stream_decoder()
         ids: List[int] = []
         parts: Dict[str, List[str]] = {"reasoning": [], "content": []}
+        shown: List[str] = []  # the text as shown, </think> included (cut at a stop string)
         t_first = t_last = None
         stop, error = "length", None
+        # stop strings are matched in the reasoning and in the answer (not across </think>)
+        matcher = StopMatcher(sampling.stop)
 
-        def emit(kind: str, text: str) -> None:
+        def show(kind: str, text: str) -> None:
             if text:
                 parts[kind].append(text)
+                shown.append(text)
                 if on_text is not None:
                     on_text(kind, text)
 
+        def emit(kind: str, text: str) -> None:
+            show(kind, matcher.push(text))
+
         def take(t: int) -> bool:
-            """Records a generated id and shows its text; True at EOS."""
+            """Records a generated id and shows its text; True at EOS or a stop string."""
             nonlocal phase
             ids.append(t)
             if t == tok.eos_id:
                 return True
             if phase == "reasoning" and t == tok.end_think_id:
                 emit("reasoning", dec.flush())
+                show("reasoning", matcher.flush())
+                if matcher.stopped is None:
+                    shown.append(END_THINK)
                 phase = "content"
             else:
                 emit(phase, dec.push(t))
-            return False
+            return matcher.stopped is not None
 
         try:
             stream = self.session.stream(
@@ -293,7 +342,7 @@ class Conversation:
                 if t_first is None:
                     t_first = t_last
                 if take(t):
-                    stop = "eos"
+                    stop = "eos" if matcher.stopped is None else "stop"
                     break
         except KeyboardInterrupt:
             stop = "interrupted"
@@ -305,6 +354,7 @@ class Conversation:
             for t in self.session.tokens[len(prompt) + len(ids) :]:
                 take(t)
         emit(phase, dec.flush())
+        show(phase, matcher.flush())
 
         # the answer as the model wrote it: content ids (no EOS) for later turns
         body = ids[:-1] if stop == "eos" else list(ids)
@@ -317,15 +367,18 @@ class Conversation:
         else:
             content_ids = body
         reasoning, content = "".join(parts["reasoning"]), "".join(parts["content"])
+        answer_ids: Optional[List[int]] = content_ids
+        if stop == "stop":  # cut by a stop string: the answer is the text shown
+            answer_ids = None
         if messages is not None:
             self.messages = messages + [
                 {
                     "role": "assistant",
-                    "content": tok.decode(content_ids),
+                    "content": content if answer_ids is None else tok.decode(content_ids),
                     "reasoning_content": reasoning,
                 }
             ]
-            self._answers.append(content_ids)
+            self._answers.append(answer_ids)
 
         after = dict(self.model.stats())
         req = after.get("expert_requests", 0) - before.get("expert_requests", 0)
@@ -354,7 +407,7 @@ class Conversation:
         if error:
             stats["error"] = error
         self.turns.append(stats)
-        text = tok.decode(ids)
+        text = "".join(shown) if stop == "stop" else tok.decode(ids)
         return TurnResult(prompt, ids, text, reasoning, content, stop, stats)
 
 
@@ -401,6 +454,8 @@ HELP = """commands:
   /think on|off    thinking mode (reasoning shown dimmed before the answer)
   /system TEXT     set the system prompt (/system alone clears it)
   /reset           start a new conversation
+  /save FILE       write the conversation as JSON messages
+  /load FILE       continue a saved conversation (JSON messages)
   /stats           per-turn and engine statistics
   /exit            quit (also /quit, Ctrl-D)
 Ctrl-C stops the current answer and keeps the conversation."""
@@ -509,11 +564,34 @@ class ChatApp:
             self._note("conversation reset")
         elif cmd == "/stats":
             self.print_stats()
+        elif cmd in ("/save", "/load"):
+            self._save_load(cmd, arg)
         elif cmd in ("/help", "/?"):
             self.out.print(HELP, markup=False)
         else:
             self._note(f"unknown command {cmd}; /help lists them")
         return None
+
+    def _save_load(self, cmd: str, arg: str) -> None:
+        if not arg:
+            self._note(f"usage: {cmd} FILE")
+            return
+        path = Path(arg).expanduser()
+        try:
+            if cmd == "/save":
+                doc = self.conv.export()
+                path.write_text(json.dumps(doc, ensure_ascii=False, indent=1), encoding="utf-8")
+                self._note(f"saved {len(doc)} messages to {path}")
+            else:
+                try:
+                    doc = json.loads(path.read_text(encoding="utf-8"))
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"not UTF-8 text ({e.reason})") from None
+                n = self.conv.load(doc)
+                self._note(f"loaded {n} messages from {path}")
+        except (OSError, ValueError) as e:
+            what = "save to" if cmd == "/save" else "load"
+            self._note(f"cannot {what} {path}: {e}")
 
     def _note(self, msg: str) -> None:
         self.out.print(f"· {msg}", style="dim", markup=False)

@@ -78,6 +78,12 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
+def _stop_string(s: str) -> str:
+    if not s:
+        raise argparse.ArgumentTypeError("a stop string cannot be empty")
+    return s
+
+
 def _top_p(s: str) -> float:
     v = _positive_float(s)
     if v > 1:
@@ -146,6 +152,13 @@ def _generation_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--thinking", action="store_true", help="thinking mode (reasoning first)")
     g.add_argument("--reasoning-effort", choices=("low", "high", "max"), help="thinking mode only")
     g.add_argument("--system", metavar="TEXT", help="system prompt")
+    g.add_argument(
+        "--stop",
+        action="append",
+        metavar="TEXT",
+        type=_stop_string,
+        help="end the answer before TEXT (repeatable; not printed)",
+    )
 
 
 def _parser(with_bench: bool) -> argparse.ArgumentParser:
@@ -372,7 +385,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("the prompt is empty", 2)
     path, demo = resolve_model(args)
     model, tok = load_model(args, path)
-    sampling = Sampling(args.temperature, args.top_p, args.top_k, args.seed, args.max_tokens)
+    sampling = Sampling(
+        args.temperature, args.top_p, args.top_k, args.seed, args.max_tokens, tuple(args.stop or ())
+    )
     stream = not args.json
     state = {"phase": None}
 
@@ -440,7 +455,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     path, demo = resolve_model(args)
     model, tok = load_model(args, path)
-    sampling = Sampling(args.temperature, args.top_p, args.top_k, args.seed, args.max_tokens)
+    sampling = Sampling(
+        args.temperature, args.top_p, args.top_k, args.seed, args.max_tokens, tuple(args.stop or ())
+    )
     app = ChatApp(
         model,
         tok,
