@@ -1,4 +1,5 @@
-"""The ``v4flash`` command line: ``chat``, ``run``, ``info``, ``doctor`` (and ``bench``).
+"""The ``v4flash`` command line: ``chat``, ``run``, ``serve``, ``info``, ``doctor`` (and
+``bench``).
 
 Everything the user asked for goes to stdout (answers, reports); the one-line plan, loading
 progress and notices go to stderr, so ``v4flash run ... > answer.txt`` stays clean. Errors are
@@ -189,6 +190,38 @@ def _parser(with_bench: bool) -> argparse.ArgumentParser:
         help="the prompt is raw text: no chat template (special tokens allowed)",
     )
     run.add_argument("--json", action="store_true", help="print ids, text and stats as JSON")
+
+    serve = sub.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)"
+    )
+    _model_options(serve)
+    _engine_options(serve)
+    g = serve.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    g.add_argument("--port", type=_nonneg_int, default=8000, help="port (8000; 0 = any free)")
+    g.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get("V4FLASH_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' (default: $V4FLASH_API_KEY, else none)",
+    )
+    g.add_argument(
+        "--name", metavar="NAME", help="model id shown by /v1/models (the checkpoint folder)"
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=4096,
+        metavar="N",
+        help="answer length when a request sets no max_tokens (4096)",
+    )
+    g.add_argument(
+        "--prompt-cache",
+        type=_nonneg_int,
+        default=4,
+        metavar="N",
+        help="conversations whose state is kept for reuse (4; 0 = off)",
+    )
 
     for name, text in (
         ("info", "describe a checkpoint (validated, no weights loaded) and the memory plan"),
@@ -473,6 +506,66 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from .server import make_server
+    from .textapi import use_tokenizer
+
+    path, demo = resolve_model(args)
+    model, tok = load_model(args, path)  # prints the plan line
+    use_tokenizer(model, tok)
+    name = args.name or ("v4flash-demo" if demo else path.resolve().name)
+    try:
+        srv = make_server(
+            model,
+            args.host,
+            args.port,
+            name=name,
+            api_key=args.api_key,
+            max_tokens=args.max_tokens,
+            cache_sessions=args.prompt_cache,
+        )
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(
+            f"v4flash: warning: listening on {args.host} without --api-key: anyone who can "
+            "reach this port can use the model",
+            file=sys.stderr,
+        )
+    print(
+        f"v4flash: serving {name} at {srv.url}/v1 (OpenAI API; Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def on_term(signum, frame):  # SIGTERM: stop like Ctrl-C
+        raise KeyboardInterrupt
+
+    old = None
+    if hasattr(signal, "SIGTERM"):
+        try:
+            old = signal.signal(signal.SIGTERM, on_term)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        srv.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.engine.stopping.set()  # running answers end at their next token, queued get 503
+        srv.server_close()
+        done = srv.engine.wait_idle(10.0)
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    print(
+        "v4flash: server stopped" + ("" if done else " (requests still running were cut)"),
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _utf8_streams() -> None:
     """Generated text is arbitrary Unicode: write pipes as UTF-8 and never die on a console
     that cannot show a character (Windows code pages)."""
@@ -508,6 +601,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_run(args)
         if args.command == "chat":
             return cmd_chat(args)
+        if args.command == "serve":
+            return cmd_serve(args)
     except CliError as e:
         print(f"v4flash: error: {e}", file=sys.stderr)
         return e.code
