@@ -152,7 +152,7 @@ _CONCURRENT = textwrap.dedent(
 def test_two_callers_on_one_model_finish_with_identical_results(name, mode):
     """Two Python threads calling one model (a small cache: 3 slots) all finish, and every
     result equals the single-caller one. A deadlock fails by the timeout."""
-    iters = 40 if mode == "logits" else 15
+    iters = 150 if mode == "logits" else 40
     r = run_child(_CONCURRENT, FIXTURES / name, mode, iters, timeout=90)
     assert r.returncode == 0, describe(r)
     assert f"DONE {2 * iters}" in r.stdout, describe(r)
