@@ -461,3 +461,51 @@ fn kernels_matref_rejects_bad_lengths() {
     )
     .is_err());
 }
+
+/// FNV-1a over the output bits of every tier for every format, one-token and prefill paths,
+/// odd shapes and row ranges: pins each tier's exact results (refactors must keep them).
+fn golden_hash(tier: Tier) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for kind in KINDS {
+        let shapes: &[(usize, usize)] = if kind == Kind::Fp4 {
+            &[(1, 32), (7, 96), (133, 544), (20, 1056)]
+        } else {
+            &[(3, 1), (5, 17), (9, 127), (133, 300), (20, 1100)]
+        };
+        for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            let m = Mat::new(kind, rows, cols, 100 + si as u64);
+            let mr = m.mat_ref();
+            for n in [1, 2, 5, 13] {
+                let xb = make_x(n, cols, (si * 7 + n) as u64);
+                for rg in [0..rows, rows / 3..rows] {
+                    for v in run_tier(tier, &mr, rg, &xb[1..], n) {
+                        for b in v.to_bits().to_le_bytes() {
+                            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    h
+}
+
+#[test]
+fn kernels_golden_outputs() {
+    let want = [
+        (Tier::Avx512, 0x9cfc_797a_ea5c_81ec),
+        (Tier::Avx2, 0x02e0_1f0e_dda2_2755),
+        (Tier::Portable, 0x41c8_960d_aa14_df4c),
+    ];
+    let mut bad = Vec::new();
+    for (tier, h) in want {
+        if tier.available() {
+            let got = golden_hash(tier);
+            println!("{} {got:#018x}", tier.name());
+            if got != h {
+                bad.push(tier.name());
+            }
+        }
+    }
+    assert!(bad.is_empty(), "outputs changed: {bad:?}");
+}
