@@ -46,7 +46,8 @@ pub(crate) struct RowsView<'a> {
 }
 
 /// One kernel tier. Values of implementing types exist only when the CPU supports the
-/// tier, so the methods are safe to call.
+/// tier, so the methods are safe to call. Every tier implements it through `Simd` and
+/// `simd_kernel!` (see `generic`).
 pub(crate) trait Kernel: Copy + Send + Sync {
     /// f32 lanes per vector chunk; the column layout is padded to a multiple of it.
     const LANES: usize;
@@ -67,6 +68,9 @@ pub(crate) trait Kernel: Copy + Send + Sync {
         n: usize,
         out: &mut [f32],
     );
+    /// Benchmark support: a register-only multiply-add loop of `iters` rounds; returns (a
+    /// value to keep it alive, f32 flops performed).
+    fn fma_probe(self, iters: usize) -> (f32, u64);
 }
 
 /// Rows decoded together in the prefill path.

@@ -19,11 +19,13 @@
 //! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
 
 mod driver;
+mod generic;
 pub mod ops;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use driver::Kernel;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -144,24 +146,32 @@ pub fn matmul_tier(
     Ok(())
 }
 
-/// The only place that picks a tier's kernels; a tier type exists only once detected.
+/// Binds `$k` to the kernel of `$tier` and evaluates `$body`: the only place that picks a
+/// tier's kernels; a tier type exists only once detected (the tier must be available).
+macro_rules! with_kernel {
+    ($tier:expr, $k:ident => $body:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        match $tier {
+            Tier::Avx512 => {
+                if let Some($k) = x86::Avx512::detect() {
+                    return $body;
+                }
+            }
+            Tier::Avx2 => {
+                if let Some($k) = x86::Avx2::detect() {
+                    return $body;
+                }
+            }
+            Tier::Portable => {}
+        }
+        let _ = $tier;
+        let $k = portable::Portable;
+        $body
+    }};
+}
+
 fn run(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    match tier {
-        Tier::Avx512 => {
-            if let Some(k) = x86::Avx512::detect() {
-                return driver::matmul(k, m, rows, x, n, y);
-            }
-        }
-        Tier::Avx2 => {
-            if let Some(k) = x86::Avx2::detect() {
-                return driver::matmul(k, m, rows, x, n, y);
-            }
-        }
-        Tier::Portable => {}
-    }
-    let _ = tier;
-    driver::matmul(portable::Portable, m, rows, x, n, y)
+    with_kernel!(tier, k => driver::matmul(k, m, rows, x, n, y))
 }
 
 /// Benchmark support: runs a register-only multiply-add loop on `tier` and returns
@@ -171,20 +181,7 @@ pub fn fma_probe(tier: Tier, iters: usize) -> Option<(f32, u64)> {
     if !tier.available() {
         return None;
     }
-    let it = iters as u64;
-    #[cfg(target_arch = "x86_64")]
-    match tier {
-        Tier::Avx512 => {
-            // SAFETY: `available` detected avx512f (and fma) just above.
-            return Some((unsafe { x86::fma_probe_avx512(iters) }, it * 16 * 16 * 2));
-        }
-        Tier::Avx2 => {
-            // SAFETY: `available` detected avx2 and fma just above.
-            return Some((unsafe { x86::fma_probe_avx2(iters) }, it * 12 * 8 * 2));
-        }
-        Tier::Portable => {}
-    }
-    Some((portable::fma_probe(iters), it * 8 * 16 * 2))
+    with_kernel!(tier, k => Some(k.fma_probe(iters)))
 }
 
 /// A kernel tier.

@@ -1,12 +1,14 @@
-//! Portable tier: plain Rust in fixed 16-lane chunks with no data-dependent branches in the
-//! inner loops, so LLVM vectorizes it (SSE2 on baseline x86_64, NEON on aarch64). Plain
+//! Portable tier: `Simd` on plain `[f32; 16]` arrays with no data-dependent branches, so
+//! LLVM vectorizes the generic loops (SSE2 on baseline x86_64, NEON on aarch64). Plain
 //! multiply + add, never `mul_add`: without a hardware FMA that is a libm call per element.
+//! FP8 / FP4 decode by table lookup; FP4 column groups are 32 wide ([16 even, 16 odd]).
 //!
-//! Future NEON intrinsics belong in a sibling `neon.rs` implementing `Kernel` like the x86
-//! tiers do; this file stays the scalar twin every tier is tested against.
+//! Future NEON intrinsics belong in a sibling `neon.rs` implementing `Simd` like the x86
+//! tiers do; this tier stays the scalar twin every tier is tested against.
 
-use super::driver::{Kernel, Rows, RowsView};
-use crate::dtype::{bf16_to_f32, e8m0_to_f32, E2M1_LUT};
+use super::driver::RowsView;
+use super::generic::{simd_kernel, Simd};
+use crate::dtype::{bf16_to_f32, E2M1_LUT};
 
 const L: usize = 16;
 
@@ -35,81 +37,89 @@ const fn fp8_lut() -> [f32; 256] {
 #[derive(Clone, Copy)]
 pub(crate) struct Portable;
 
-impl Kernel for Portable {
-    const LANES: usize = L;
+simd_kernel!(Portable, rows_x1 = 4, gemm_rows = 1, chains = 8);
 
-    fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]) {
-        let cp = w.cols.div_ceil(L) * L;
-        let xp = &xp[..cp];
-        let mut buf = vec![0f32; cp];
-        for (r, o) in out.iter_mut().enumerate() {
-            decode_row(w, r, &mut buf);
-            *o = dot(&buf, xp);
-        }
-    }
+type V = [f32; L];
 
-    fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
-        let cp = w.cols.div_ceil(L) * L;
-        for r in 0..w.nrows {
-            decode_row(w, r, &mut wbuf[r * stride..r * stride + cp]);
-        }
-    }
-
-    fn gemm(
-        self,
-        wbuf: &[f32],
-        nrows: usize,
-        cols: usize,
-        stride: usize,
-        xp: &[f32],
-        n: usize,
-        out: &mut [f32],
-    ) {
-        let cp = cols.div_ceil(L) * L;
-        for r in 0..nrows {
-            let wr = &wbuf[r * stride..r * stride + cp];
-            for (t, o) in out[r * n..(r + 1) * n].iter_mut().enumerate() {
-                *o = dot(wr, &xp[t * stride..t * stride + cp]);
-            }
-        }
-    }
+/// N bytes at p (any alignment).
+///
+/// # Safety
+/// `p` is valid for reading N bytes.
+#[inline(always)]
+unsafe fn bytes<const N: usize>(p: *const u8) -> [u8; N] {
+    // SAFETY: the caller's contract.
+    unsafe { p.cast::<[u8; N]>().read_unaligned() }
 }
 
-/// Row r of `w` decoded into `out` (length cp >= cols; the tail is zeroed).
-fn decode_row(w: &RowsView, r: usize, out: &mut [f32]) {
-    let c = w.cols;
-    out[c..].fill(0.0);
-    match w.rows {
-        Rows::F32(d) => out[..c].copy_from_slice(&d[r * c..(r + 1) * c]),
-        Rows::Bf16(d) => {
-            for (o, b) in out
-                .iter_mut()
-                .zip(d[r * c * 2..(r + 1) * c * 2].chunks_exact(2))
-            {
-                *o = bf16_to_f32(b[0], b[1]);
-            }
-        }
-        Rows::Fp8 { q, scale } => {
-            let qr = &q[r * c..(r + 1) * c];
-            for ((ob, qb), &s) in out.chunks_mut(128).zip(qr.chunks(128)).zip(scale) {
-                let s = e8m0_to_f32(s);
-                for (o, &b) in ob.iter_mut().zip(qb) {
-                    *o = FP8_LUT[b as usize] * s;
-                }
-            }
-        }
-        Rows::Fp4 { q, scale } => {
-            let qr = &q[r * c / 2..(r + 1) * c / 2];
-            let sr = &scale[r * c / 32..(r + 1) * c / 32];
-            // 32 columns = 16 bytes: low nibbles (even columns) then high nibbles.
-            for ((og, qg), &s) in out.chunks_exact_mut(32).zip(qr.chunks_exact(16)).zip(sr) {
-                let s = e8m0_to_f32(s);
-                for k in 0..16 {
-                    og[k] = E2M1_LUT[(qg[k] & 15) as usize] * s;
-                    og[16 + k] = E2M1_LUT[(qg[k] >> 4) as usize] * s;
-                }
-            }
-        }
+impl Simd for Portable {
+    type V = V;
+    const LANES: usize = L;
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> V {
+        [x; L]
+    }
+
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> V {
+        // SAFETY: `p` is valid for L f32 (caller); read unaligned.
+        unsafe { p.cast::<V>().read_unaligned() }
+    }
+
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: V) {
+        // SAFETY: `p` is valid for L f32 (caller); written unaligned.
+        unsafe { p.cast::<V>().write_unaligned(v) }
+    }
+
+    #[inline(always)]
+    fn add(self, a: V, b: V) -> V {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+
+    #[inline(always)]
+    fn mul(self, a: V, b: V) -> V {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+
+    /// Multiply, then add (two roundings).
+    #[inline(always)]
+    fn fma(self, a: V, b: V, c: V) -> V {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+
+    #[inline(always)]
+    fn hsum(self, v: V) -> f32 {
+        hsum(v)
+    }
+
+    #[inline(always)]
+    unsafe fn fp8(self, p: *const u8) -> V {
+        // SAFETY: `p` is valid for L bytes (caller).
+        let b = unsafe { bytes::<L>(p) };
+        std::array::from_fn(|i| FP8_LUT[b[i] as usize])
+    }
+
+    #[inline(always)]
+    unsafe fn bf16(self, p: *const u8) -> V {
+        // SAFETY: `p` is valid for 2L bytes (caller).
+        let b = unsafe { bytes::<{ 2 * L }>(p) };
+        std::array::from_fn(|i| bf16_to_f32(b[2 * i], b[2 * i + 1]))
+    }
+
+    #[inline(always)]
+    fn fp4_table(self) -> V {
+        E2M1_LUT
+    }
+
+    #[inline(always)]
+    unsafe fn fp4(self, p: *const u8, t: V) -> (V, V) {
+        // SAFETY: `p` is valid for L bytes (caller).
+        let b = unsafe { bytes::<L>(p) };
+        (
+            std::array::from_fn(|i| t[(b[i] & 15) as usize]),
+            std::array::from_fn(|i| t[(b[i] >> 4) as usize]),
+        )
     }
 }
 
@@ -143,17 +153,4 @@ fn hsum(mut a: [f32; L]) -> f32 {
         h /= 2;
     }
     a[0]
-}
-
-/// Register-only multiply-add loop (the portable tier's "FMA" is mul + add): 8 x 16 lanes.
-pub(crate) fn fma_probe(iters: usize) -> f32 {
-    let mut acc = [[1f32; L]; 8];
-    for _ in 0..iters {
-        for v in acc.iter_mut() {
-            for l in 0..L {
-                v[l] = v[l] * 0.999_999 + 1e-7;
-            }
-        }
-    }
-    acc.iter().map(|v| hsum(*v)).sum()
 }

@@ -3,10 +3,13 @@
 //! FP8 goes through f16 like the AVX-512 tier (`vcvtph2ps` from F16C). FP4: `vpermps` picks
 //! the scaled magnitude from an 8-entry table by the low 3 bits of the nibble, and the
 //! nibble's sign bit is moved to bit 31 and xored in. Column groups are 16 wide
-//! ([8 even, 8 odd]), matching `prep_x` with 8 lanes.
+//! ([8 even, 8 odd]), matching `prep_x` with 8 lanes. Four rows share each x load in the
+//! one-token path; the prefill micro-kernel runs 4 rows x 3 tokens (12 accumulators of 16
+//! registers).
 
-use super::super::driver::{Kernel, Rows, RowsView};
-use crate::dtype::{e8m0_to_f32, E2M1_LUT};
+use super::super::driver::RowsView;
+use super::super::generic::{simd_kernel, Simd};
+use crate::dtype::E2M1_LUT;
 use std::arch::x86_64::*;
 
 /// Proof that the CPU has this tier's features; only `detect` creates one.
@@ -22,433 +25,107 @@ impl Avx2 {
     }
 }
 
-impl Kernel for Avx2 {
+simd_kernel!(
+    Avx2,
+    features = "avx2,fma,f16c",
+    rows_x1 = 4,
+    gemm_rows = 4,
+    chains = 12
+);
+
+// In every method below, SAFETY: `self` exists, so `detect` found avx2, fma and f16c, the
+// features of every intrinsic called; pointer validity is the caller's contract (see
+// `Simd`).
+impl Simd for Avx2 {
+    type V = __m256;
     const LANES: usize = 8;
 
-    fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]) {
-        // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
-        unsafe { dot_x1(w, xp, out) }
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe { _mm256_set1_ps(x) }
     }
 
-    fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
-        // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
-        unsafe { decode(w, stride, wbuf) }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> __m256 {
+        // SAFETY: see the impl; `p` is valid for 8 f32 (caller).
+        unsafe { _mm256_loadu_ps(p) }
     }
 
-    fn gemm(
-        self,
-        wbuf: &[f32],
-        nrows: usize,
-        cols: usize,
-        stride: usize,
-        xp: &[f32],
-        n: usize,
-        out: &mut [f32],
-    ) {
-        // SAFETY: `self` exists, so `detect` found avx2, fma and f16c.
-        unsafe { gemm(wbuf, nrows, cols, stride, xp, n, out) }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: __m256) {
+        // SAFETY: see the impl; `p` is valid for 8 f32 (caller).
+        unsafe { _mm256_storeu_ps(p, v) }
     }
-}
 
-#[inline]
-#[target_feature(enable = "avx2")]
-fn ld(s: &[f32], i: usize) -> __m256 {
-    let s = &s[i..i + 8];
-    // SAFETY: `s` holds 8 f32.
-    unsafe { _mm256_loadu_ps(s.as_ptr()) }
-}
+    #[inline(always)]
+    fn add(self, a: __m256, b: __m256) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe { _mm256_add_ps(a, b) }
+    }
 
-#[inline]
-#[target_feature(enable = "avx2")]
-fn st(s: &mut [f32], i: usize, v: __m256) {
-    let s = &mut s[i..i + 8];
-    // SAFETY: `s` holds 8 f32.
-    unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
-}
+    #[inline(always)]
+    fn mul(self, a: __m256, b: __m256) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe { _mm256_mul_ps(a, b) }
+    }
 
-#[inline]
-#[target_feature(enable = "avx2")]
-fn ld8b(s: &[u8], i: usize) -> __m128i {
-    let s = &s[i..i + 8];
-    // SAFETY: `s` holds 8 bytes; unaligned 64-bit load.
-    unsafe { _mm_loadl_epi64(s.as_ptr().cast()) }
-}
+    #[inline(always)]
+    fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
 
-#[inline]
-#[target_feature(enable = "avx2")]
-fn ld16b(s: &[u8], i: usize) -> __m128i {
-    let s = &s[i..i + 16];
-    // SAFETY: `s` holds 16 bytes; unaligned load.
-    unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
-}
-
-/// The last partial chunk of a row, zero padded to `N` bytes.
-#[inline]
-fn tail<const N: usize>(s: &[u8]) -> [u8; N] {
-    let mut b = [0u8; N];
-    b[..s.len()].copy_from_slice(s);
-    b
-}
-
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn fp8x8(b: __m128i) -> __m256 {
-    let s = _mm_cvtepi8_epi16(b);
-    let h = _mm_and_si128(_mm_slli_epi16::<7>(s), _mm_set1_epi16(0xBF80u16 as i16));
-    _mm256_cvtph_ps(h)
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn bf16x8(b: __m128i) -> __m256 {
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(b)))
-}
-
-/// Chunk c (8 columns) of a row of `cols` columns, decoded; the last one zero padded.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn chunk(rows: Rows, r: usize, cols: usize, c: usize) -> __m256 {
-    let j = c * 8;
-    let full = j + 8 <= cols;
-    match rows {
-        Rows::F32(d) => {
-            let row = &d[r * cols..(r + 1) * cols];
-            if full {
-                ld(row, j)
-            } else {
-                let mut b = [0f32; 8];
-                b[..cols - j].copy_from_slice(&row[j..]);
-                ld(&b, 0)
-            }
+    #[inline(always)]
+    fn hsum(self, v: __m256) -> f32 {
+        // SAFETY: see the impl.
+        unsafe {
+            let b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+            _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
         }
-        Rows::Bf16(d) => {
-            let row = &d[r * cols * 2..(r + 1) * cols * 2];
-            if full {
-                bf16x8(ld16b(row, 2 * j))
-            } else {
-                bf16x8(ld16b(&tail::<16>(&row[2 * j..]), 0))
-            }
-        }
-        Rows::Fp8 { q, scale } => {
-            let row = &q[r * cols..(r + 1) * cols];
-            let w = if full {
-                fp8x8(ld8b(row, j))
-            } else {
-                fp8x8(ld8b(&tail::<8>(&row[j..]), 0))
-            };
-            _mm256_mul_ps(w, _mm256_set1_ps(e8m0_to_f32(scale[j / 128])))
-        }
-        Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
     }
-}
 
-/// Columns 16g..16g+16 of an FP4 row: (even columns, odd columns), scaled.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn fp4_pair(
-    q: &[u8],
-    scale: &[u8],
-    r: usize,
-    cols: usize,
-    g: usize,
-    mag: __m256,
-) -> (__m256, __m256) {
-    let s = _mm256_set1_ps(e8m0_to_f32(scale[r * cols / 32 + g / 2]));
-    let t = _mm256_mul_ps(mag, s);
-    let b = _mm256_cvtepu8_epi32(ld8b(q, r * cols / 2 + g * 8));
-    let sign = _mm256_set1_epi32(i32::MIN);
-    let slo = _mm256_and_si256(_mm256_slli_epi32::<28>(b), sign);
-    let shi = _mm256_and_si256(_mm256_slli_epi32::<24>(b), sign);
-    let lo = _mm256_permutevar8x32_ps(t, b);
-    let hi = _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<4>(b));
-    (
-        _mm256_xor_ps(lo, _mm256_castsi256_ps(slo)),
-        _mm256_xor_ps(hi, _mm256_castsi256_ps(shi)),
-    )
-}
+    #[inline(always)]
+    unsafe fn fp8(self, p: *const u8) -> __m256 {
+        // SAFETY: see the impl; `p` is valid for 8 bytes (caller), read unaligned.
+        unsafe {
+            let s = _mm_cvtepi8_epi16(_mm_loadl_epi64(p.cast()));
+            let h = _mm_and_si128(_mm_slli_epi16::<7>(s), _mm_set1_epi16(0xBF80u16 as i16));
+            _mm256_cvtph_ps(h)
+        }
+    }
 
-#[inline]
-#[target_feature(enable = "avx2")]
-fn hsum(v: __m256) -> f32 {
-    let b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
-}
+    #[inline(always)]
+    unsafe fn bf16(self, p: *const u8) -> __m256 {
+        // SAFETY: see the impl; `p` is valid for 16 bytes (caller), read unaligned.
+        unsafe {
+            let b = _mm_loadu_si128(p.cast());
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(b)))
+        }
+    }
 
-#[inline]
-#[target_feature(enable = "avx2")]
-fn mag_table() -> __m256 {
-    // SAFETY: E2M1_LUT holds 16 f32; the first 8 are the magnitudes.
-    unsafe { _mm256_loadu_ps(E2M1_LUT.as_ptr()) }
-}
+    /// The first 8 E2M1 entries: the magnitudes (`fp4` applies the sign bit).
+    #[inline(always)]
+    fn fp4_table(self) -> __m256 {
+        // SAFETY: see the impl; E2M1_LUT holds 16 f32, 8 are read.
+        unsafe { _mm256_loadu_ps(E2M1_LUT.as_ptr()) }
+    }
 
-/// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
-/// The full chunks run on raw pointers (bounds checked once up front); the last partial
-/// chunk goes through `chunk`, which decodes exactly like `decode`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn rows_x1<const R: usize>(w: &RowsView, r0: usize, xp: &[f32], sf: &[f32]) -> [f32; R] {
-    let cols = w.cols;
-    let full = cols / 8;
-    assert!(xp.len() >= cols.div_ceil(8) * 8 && r0 + R <= w.nrows);
-    let xpp = xp.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); R];
-    match w.rows {
-        Rows::Fp4 { q, scale } => {
-            assert!(q.len() >= (r0 + R) * cols / 2 && scale.len() >= (r0 + R) * cols / 32);
-            let _ = scale;
-            let mag = mag_table();
+    #[inline(always)]
+    unsafe fn fp4(self, p: *const u8, t: __m256) -> (__m256, __m256) {
+        // SAFETY: see the impl; `p` is valid for 8 bytes (caller), read unaligned.
+        unsafe {
+            let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
             let sign = _mm256_set1_epi32(i32::MIN);
-            let qp = q[r0 * cols / 2..].as_ptr();
-            let sf = &sf[r0 * cols / 32..(r0 + R) * cols / 32];
-            for g in 0..cols / 16 {
-                // SAFETY: g < cols / 16, so xp[16g..16g + 16] is inside xp (len >= cols).
-                let (xe, xo) = unsafe {
-                    (
-                        _mm256_loadu_ps(xpp.add(16 * g)),
-                        _mm256_loadu_ps(xpp.add(16 * g + 8)),
-                    )
-                };
-                for k in 0..R {
-                    let s = _mm256_set1_ps(sf[k * cols / 32 + g / 2]);
-                    let t = _mm256_mul_ps(mag, s);
-                    // SAFETY: row k's bytes 8g..8g + 8 lie within its cols / 2 bytes, inside q
-                    // (asserted above).
-                    let b = unsafe { _mm_loadl_epi64(qp.add(k * cols / 2 + 8 * g).cast()) };
-                    let b = _mm256_cvtepu8_epi32(b);
-                    let slo = _mm256_and_si256(_mm256_slli_epi32::<28>(b), sign);
-                    let shi = _mm256_and_si256(_mm256_slli_epi32::<24>(b), sign);
-                    let lo = _mm256_permutevar8x32_ps(t, b);
-                    let hi = _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<4>(b));
-                    let lo = _mm256_xor_ps(lo, _mm256_castsi256_ps(slo));
-                    let hi = _mm256_xor_ps(hi, _mm256_castsi256_ps(shi));
-                    acc[k] = _mm256_fmadd_ps(lo, xe, acc[k]);
-                    acc[k] = _mm256_fmadd_ps(hi, xo, acc[k]);
-                }
-            }
-        }
-        Rows::Fp8 { q, scale } => {
-            assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
-            let qp = q[r0 * cols..].as_ptr();
-            // 128-column blocks; all R rows share the block row's scale.
-            for (b, &sb) in scale.iter().enumerate() {
-                let sv = _mm256_set1_ps(e8m0_to_f32(sb));
-                for c in b * 16..((b + 1) * 16).min(full) {
-                    // SAFETY: 8c + 8 <= cols, so the x chunk is inside xp and each row's 8
-                    // bytes lie inside that row (rows asserted inside q above).
-                    unsafe {
-                        let xv = _mm256_loadu_ps(xpp.add(8 * c));
-                        for k in 0..R {
-                            let b = _mm_loadl_epi64(qp.add(k * cols + 8 * c).cast());
-                            let w = _mm256_mul_ps(fp8x8(b), sv);
-                            acc[k] = _mm256_fmadd_ps(w, xv, acc[k]);
-                        }
-                    }
-                }
-            }
-        }
-        Rows::Bf16(d) => {
-            assert!(d.len() >= (r0 + R) * cols * 2);
-            let dp = d[r0 * cols * 2..].as_ptr();
-            for c in 0..full {
-                // SAFETY: 8c + 8 <= cols, so the x chunk is inside xp and each row's 16
-                // bytes lie inside that row (rows asserted inside d above).
-                unsafe {
-                    let xv = _mm256_loadu_ps(xpp.add(8 * c));
-                    for k in 0..R {
-                        let b = _mm_loadu_si128(dp.add(2 * (k * cols + 8 * c)).cast());
-                        acc[k] = _mm256_fmadd_ps(bf16x8(b), xv, acc[k]);
-                    }
-                }
-            }
-        }
-        Rows::F32(d) => {
-            assert!(d.len() >= (r0 + R) * cols);
-            let dp = d[r0 * cols..].as_ptr();
-            for c in 0..full {
-                // SAFETY: 8c + 8 <= cols, so the x chunk is inside xp and each row's 8
-                // floats lie inside that row (rows asserted inside d above).
-                unsafe {
-                    let xv = _mm256_loadu_ps(xpp.add(8 * c));
-                    for k in 0..R {
-                        let wv = _mm256_loadu_ps(dp.add(k * cols + 8 * c));
-                        acc[k] = _mm256_fmadd_ps(wv, xv, acc[k]);
-                    }
-                }
-            }
+            let slo = _mm256_and_si256(_mm256_slli_epi32::<28>(b), sign);
+            let shi = _mm256_and_si256(_mm256_slli_epi32::<24>(b), sign);
+            let lo = _mm256_permutevar8x32_ps(t, b);
+            let hi = _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<4>(b));
+            (
+                _mm256_xor_ps(lo, _mm256_castsi256_ps(slo)),
+                _mm256_xor_ps(hi, _mm256_castsi256_ps(shi)),
+            )
         }
     }
-    if !matches!(w.rows, Rows::Fp4 { .. }) && full * 8 < cols {
-        let xv = ld(xp, 8 * full);
-        for k in 0..R {
-            acc[k] = _mm256_fmadd_ps(chunk(w.rows, r0 + k, cols, full), xv, acc[k]);
-        }
-    }
-    let mut out = [0f32; R];
-    for k in 0..R {
-        out[k] = hsum(acc[k]);
-    }
-    out
-}
-
-/// # Safety
-/// The CPU must support avx2, fma and f16c.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_x1(w: &RowsView, xp: &[f32], out: &mut [f32]) {
-    // FP4 block scales as f32 up front, so the inner loop only broadcasts from memory.
-    let sf: Vec<f32> = match w.rows {
-        Rows::Fp4 { scale, .. } => scale.iter().map(|&b| e8m0_to_f32(b)).collect(),
-        _ => Vec::new(),
-    };
-    let mut r = 0;
-    while r + 4 <= w.nrows {
-        out[r..r + 4].copy_from_slice(&rows_x1::<4>(w, r, xp, &sf));
-        r += 4;
-    }
-    while r < w.nrows {
-        out[r] = rows_x1::<1>(w, r, xp, &sf)[0];
-        r += 1;
-    }
-}
-
-/// # Safety
-/// The CPU must support avx2, fma and f16c.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode(w: &RowsView, stride: usize, wbuf: &mut [f32]) {
-    let cols = w.cols;
-    let cp = cols.div_ceil(8) * 8;
-    for r in 0..w.nrows {
-        let row = &mut wbuf[r * stride..r * stride + cp];
-        if let Rows::Fp4 { q, scale } = w.rows {
-            let mag = mag_table();
-            for g in 0..cols / 16 {
-                let (lo, hi) = fp4_pair(q, scale, r, cols, g, mag);
-                st(row, 16 * g, lo);
-                st(row, 16 * g + 8, hi);
-            }
-        } else {
-            for c in 0..cp / 8 {
-                st(row, 8 * c, chunk(w.rows, r, cols, c));
-            }
-        }
-    }
-}
-
-/// Columns per panel in the prefill path (see the AVX-512 tier).
-const PANEL: usize = 512;
-
-/// R rows x T tokens over chunks c0..c1; accumulators persist in `accs` ([rows, n, 8])
-/// between panels, so each (row, token) FMA chain is the one of `rows_x1`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn tile<const R: usize, const T: usize>(
-    wbuf: &[f32],
-    r0: usize,
-    cp: usize,
-    xp: &[f32],
-    t0: usize,
-    n: usize,
-    (c0, c1): (usize, usize),
-    accs: &mut [f32],
-) {
-    assert!(r0 + R <= wbuf.len().div_ceil(cp) && t0 + T <= n && c1 * 8 <= cp);
-    assert!(wbuf.len() >= (r0 + R - 1) * cp + c1 * 8 && xp.len() >= (t0 + T - 1) * cp + c1 * 8);
-    assert!(accs.len() >= (r0 + R) * n * 8);
-    let (wp, xpp, ap) = (wbuf.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
-    // c1 within each row / token (asserted), and accs holds [rows, n, 8] f32.
-    unsafe {
-        for k in 0..R {
-            for t in 0..T {
-                acc[k][t] = _mm256_loadu_ps(ap.add(((r0 + k) * n + t0 + t) * 8));
-            }
-        }
-        for c in c0..c1 {
-            let mut xv = [_mm256_setzero_ps(); T];
-            for t in 0..T {
-                xv[t] = _mm256_loadu_ps(xpp.add((t0 + t) * cp + 8 * c));
-            }
-            for k in 0..R {
-                let wv = _mm256_loadu_ps(wp.add((r0 + k) * cp + 8 * c));
-                for t in 0..T {
-                    acc[k][t] = _mm256_fmadd_ps(wv, xv[t], acc[k][t]);
-                }
-            }
-        }
-        for k in 0..R {
-            for t in 0..T {
-                _mm256_storeu_ps(ap.add(((r0 + k) * n + t0 + t) * 8), acc[k][t]);
-            }
-        }
-    }
-}
-
-/// # Safety
-/// The CPU must support avx2 and fma.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gemm(
-    wbuf: &[f32],
-    nrows: usize,
-    cols: usize,
-    cp: usize,
-    xp: &[f32],
-    n: usize,
-    out: &mut [f32],
-) {
-    let nch = cols.div_ceil(8);
-    let mut accs = vec![0f32; nrows * n * 8];
-    // panel -> token tile -> row tile: the x tile stays in L1 across the row tiles and the
-    // panel of decoded rows stays in L1 across token tiles.
-    let mut c0 = 0;
-    while c0 < nch {
-        let cs = (c0, (c0 + PANEL / 8).min(nch));
-        let mut t = 0;
-        while t < n {
-            let three = t + 3 <= n;
-            let mut r = 0;
-            while r + 4 <= nrows {
-                if three {
-                    tile::<4, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                } else {
-                    tile::<4, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                }
-                r += 4;
-            }
-            while r < nrows {
-                if three {
-                    tile::<1, 3>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                } else {
-                    tile::<1, 1>(wbuf, r, cp, xp, t, n, cs, &mut accs);
-                }
-                r += 1;
-            }
-            t += if three { 3 } else { 1 };
-        }
-        c0 = cs.1;
-    }
-    for (o, a) in out.iter_mut().zip(accs.chunks_exact(8)) {
-        *o = hsum(ld(a, 0));
-    }
-}
-
-/// Register-only FMA loop for the benchmark's peak: 12 independent chains.
-///
-/// # Safety
-/// The CPU must support avx2 and fma.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn fma_probe(iters: usize) -> f32 {
-    let mut acc = [_mm256_set1_ps(1.0); 12];
-    let a = _mm256_set1_ps(0.999_999);
-    let b = _mm256_set1_ps(1e-7);
-    for _ in 0..iters {
-        for v in acc.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, a, b);
-        }
-    }
-    let mut s = _mm256_setzero_ps();
-    for v in acc {
-        s = _mm256_add_ps(s, v);
-    }
-    hsum(s)
 }

@@ -1,7 +1,8 @@
-//! x86_64 tiers. Each tier type is a zero-sized proof that its CPU features were detected.
+//! x86_64 tiers: each supplies its intrinsics as a `Simd` implementation on a zero-sized
+//! proof that its CPU features were detected; the loops are in `generic`.
 
 mod avx2;
 mod avx512;
 
-pub(crate) use avx2::{fma_probe as fma_probe_avx2, Avx2};
-pub(crate) use avx512::{fma_probe as fma_probe_avx512, Avx512};
+pub(crate) use avx2::Avx2;
+pub(crate) use avx512::Avx512;

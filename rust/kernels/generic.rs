@@ -1,0 +1,477 @@
+//! The kernel loops, written once for every tier over the `Simd` vector operations.
+//!
+//! A tier supplies only its intrinsics: a zero-sized proof type (created by the tier's
+//! `detect`, so holding one means the CPU has the features) implements `Simd`, and
+//! `simd_kernel!` (invoked where `RowsView` is in scope) turns it into a `Kernel` whose
+//! methods each enter one `#[target_feature]` function. The loops here and the tier's
+//! operations are all `#[inline(always)]`, so they inline into that function and are
+//! compiled for the tier's features (memchr's `arch/generic` + `Vector` pattern). Nothing
+//! here is specific to an architecture.
+//!
+//! Column layout (`L` = `Simd::LANES`, a power of two dividing 32):
+//! - F32 / BF16 / FP8: chunk c holds columns cL..cL + L; the last one is zero padded.
+//! - FP4: group g holds columns 2gL..2gL + 2L as [L even columns, L odd columns], i.e.
+//!   the low then the high nibbles of the group's L packed bytes (`prep_x` lays x out the
+//!   same way). A group lies inside one 32-column scale block.
+//!
+//! Every (row, token) output is one FMA chain over the chunks in order followed by
+//! `Simd::hsum`, in both the one-token path (`rows_x1`) and the prefill path (`decode` +
+//! `gemm`), as `driver` requires.
+
+use super::driver::{Rows, RowsView};
+use crate::dtype::e8m0_to_f32;
+
+/// One tier's vector operations on `V` (L f32 lanes). Implemented by the tier's proof
+/// type: holding `self` means the CPU runs the tier, so only the raw-pointer operations are
+/// `unsafe` (for the pointer).
+pub(crate) trait Simd: Copy {
+    type V: Copy;
+    const LANES: usize;
+    fn splat(self, x: f32) -> Self::V;
+    /// # Safety
+    /// `p` is valid for reading L f32 (any alignment).
+    unsafe fn load(self, p: *const f32) -> Self::V;
+    /// # Safety
+    /// `p` is valid for writing L f32 (any alignment).
+    unsafe fn store(self, p: *mut f32, v: Self::V);
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// a * b + c (fused where the tier has FMA).
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// Sum of the lanes in a fixed tree: lane i += lane i + h for h = L/2, L/4, .., 1.
+    fn hsum(self, v: Self::V) -> f32;
+    /// L bytes of e4m3 as e4m3 / 256 (through f16: 0x7F / 0xFF give ±480 / 256).
+    ///
+    /// # Safety
+    /// `p` is valid for reading L bytes.
+    unsafe fn fp8(self, p: *const u8) -> Self::V;
+    /// 2L bytes of little-endian bf16.
+    ///
+    /// # Safety
+    /// `p` is valid for reading 2L bytes.
+    unsafe fn bf16(self, p: *const u8) -> Self::V;
+    /// The E2M1 values in the form `fp4` looks them up in (before scaling).
+    fn fp4_table(self) -> Self::V;
+    /// L packed e2m1 bytes: (low nibbles, high nibbles) as values of `t`, which is
+    /// `fp4_table` times a block scale.
+    ///
+    /// # Safety
+    /// `p` is valid for reading L bytes.
+    unsafe fn fp4(self, p: *const u8, t: Self::V) -> (Self::V, Self::V);
+}
+
+/// Implements `Kernel` for a `Simd` tier. Each method enters a function compiled with the
+/// tier's features (if any), in which the generic loop below and the tier's operations
+/// inline. `rows_x1`: rows per one-token pass (they share each x load); `gemm_rows`: rows
+/// of the prefill micro-kernel (x 3 tokens); `chains`: independent FMA chains of the peak
+/// probe.
+macro_rules! simd_kernel {
+    ($tier:ty, $(features = $feat:literal,)? rows_x1 = $r1:literal,
+     gemm_rows = $rg:literal, chains = $ch:literal) => {
+        impl $crate::kernels::driver::Kernel for $tier {
+            const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
+
+            fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]) {
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(s: $tier, w: &RowsView, xp: &[f32], out: &mut [f32]) {
+                    $crate::kernels::generic::dot_x1::<_, $r1>(s, w, xp, out)
+                }
+                // SAFETY: `self` exists only once the CPU was found to have the features
+                // `go` enables.
+                unsafe { go(self, w, xp, out) }
+            }
+
+            fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(s: $tier, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
+                    $crate::kernels::generic::decode(s, w, stride, wbuf)
+                }
+                // SAFETY: as in `dot_x1`.
+                unsafe { go(self, w, stride, wbuf) }
+            }
+
+            fn gemm(
+                self,
+                wbuf: &[f32],
+                nrows: usize,
+                cols: usize,
+                stride: usize,
+                xp: &[f32],
+                n: usize,
+                out: &mut [f32],
+            ) {
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(
+                    s: $tier,
+                    (wbuf, nrows, cols, stride): (&[f32], usize, usize, usize),
+                    (xp, n, out): (&[f32], usize, &mut [f32]),
+                ) {
+                    $crate::kernels::generic::gemm::<_, $rg>(
+                        s, wbuf, nrows, cols, stride, xp, n, out,
+                    )
+                }
+                // SAFETY: as in `dot_x1`.
+                unsafe { go(self, (wbuf, nrows, cols, stride), (xp, n, out)) }
+            }
+
+            fn fma_probe(self, iters: usize) -> (f32, u64) {
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(s: $tier, iters: usize) -> f32 {
+                    $crate::kernels::generic::fma_probe::<_, $ch>(s, iters)
+                }
+                let flops = iters * $ch * <Self as $crate::kernels::driver::Kernel>::LANES * 2;
+                // SAFETY: as in `dot_x1`.
+                (unsafe { go(self, iters) }, flops as u64)
+            }
+        }
+    };
+}
+pub(crate) use simd_kernel;
+
+/// v[i..i + L] as a vector.
+#[inline(always)]
+fn ld<S: Simd>(s: S, v: &[f32], i: usize) -> S::V {
+    let v = &v[i..i + S::LANES];
+    // SAFETY: `v` holds L f32.
+    unsafe { s.load(v.as_ptr()) }
+}
+
+/// v[i..i + L] = a.
+#[inline(always)]
+fn st<S: Simd>(s: S, v: &mut [f32], i: usize, a: S::V) {
+    let v = &mut v[i..i + S::LANES];
+    // SAFETY: `v` holds L f32.
+    unsafe { s.store(v.as_mut_ptr(), a) }
+}
+
+/// Room for the zero-padded last chunk of a row (L <= 16).
+const TAIL: usize = 32;
+
+/// Chunk c of row r (of `cols` columns), decoded; the last one zero padded. Not FP4.
+#[inline(always)]
+fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize) -> S::V {
+    let l = S::LANES;
+    let j = c * l;
+    let n = l.min(cols - j);
+    match rows {
+        Rows::F32(d) => {
+            let row = &d[r * cols..(r + 1) * cols];
+            if n == l {
+                ld(s, row, j)
+            } else {
+                let mut b = [0f32; TAIL];
+                b[..n].copy_from_slice(&row[j..]);
+                ld(s, &b, 0)
+            }
+        }
+        Rows::Bf16(d) => {
+            let row = &d[r * cols * 2..(r + 1) * cols * 2];
+            let mut b = [0u8; 2 * TAIL];
+            let v = if n == l {
+                &row[2 * j..2 * j + 2 * l]
+            } else {
+                b[..2 * n].copy_from_slice(&row[2 * j..]);
+                &b[..2 * l]
+            };
+            // SAFETY: `v` holds 2L bytes.
+            unsafe { s.bf16(v.as_ptr()) }
+        }
+        Rows::Fp8 { q, scale } => {
+            let row = &q[r * cols..(r + 1) * cols];
+            let mut b = [0u8; TAIL];
+            let v = if n == l {
+                &row[j..j + l]
+            } else {
+                b[..n].copy_from_slice(&row[j..]);
+                &b[..l]
+            };
+            // SAFETY: `v` holds L bytes.
+            let w = unsafe { s.fp8(v.as_ptr()) };
+            s.mul(w, s.splat(e8m0_to_f32(scale[j / 128])))
+        }
+        Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
+    }
+}
+
+/// FP4 group g of row r (columns 2gL..2gL + 2L): (even columns, odd columns), scaled.
+#[inline(always)]
+fn fp4_pair<S: Simd>(
+    s: S,
+    q: &[u8],
+    scale: &[u8],
+    r: usize,
+    cols: usize,
+    g: usize,
+) -> (S::V, S::V) {
+    let l = S::LANES;
+    let t = s.mul(
+        s.fp4_table(),
+        s.splat(e8m0_to_f32(scale[(r * cols + 2 * g * l) / 32])),
+    );
+    let b = &q[r * cols / 2 + g * l..][..l];
+    // SAFETY: `b` holds L bytes.
+    unsafe { s.fp4(b.as_ptr(), t) }
+}
+
+/// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
+/// The full chunks run on raw pointers (bounds checked once up front); the last partial
+/// chunk goes through `chunk`, which decodes exactly like `decode`. `sf`: the FP4 block
+/// scales of all rows as f32.
+#[inline(always)]
+fn rows_x1<S: Simd, const R: usize>(
+    s: S,
+    w: &RowsView,
+    r0: usize,
+    xp: &[f32],
+    sf: &[f32],
+) -> [f32; R] {
+    let (l, cols) = (S::LANES, w.cols);
+    let full = cols / l;
+    assert!(xp.len() >= cols.div_ceil(l) * l && r0 + R <= w.nrows);
+    let xpp = xp.as_ptr();
+    let mut acc = [s.splat(0.0); R];
+    match w.rows {
+        Rows::Fp4 { q, .. } => {
+            assert!(q.len() >= (r0 + R) * cols / 2 && sf.len() >= (r0 + R) * cols / 32);
+            let table = s.fp4_table();
+            let qp = q[r0 * cols / 2..].as_ptr();
+            let sf = &sf[r0 * cols / 32..(r0 + R) * cols / 32];
+            for g in 0..cols / (2 * l) {
+                // SAFETY: g < cols / 2L, so xp[2gL..2gL + 2L] is inside xp (len >= cols).
+                let (xe, xo) =
+                    unsafe { (s.load(xpp.add(2 * g * l)), s.load(xpp.add((2 * g + 1) * l))) };
+                for k in 0..R {
+                    let t = s.mul(table, s.splat(sf[(k * cols + 2 * g * l) / 32]));
+                    // SAFETY: row k's bytes gL..gL + L lie within its cols / 2 bytes, inside
+                    // q (asserted above).
+                    let (lo, hi) = unsafe { s.fp4(qp.add(k * cols / 2 + g * l), t) };
+                    acc[k] = s.fma(lo, xe, acc[k]);
+                    acc[k] = s.fma(hi, xo, acc[k]);
+                }
+            }
+        }
+        Rows::Fp8 { q, scale } => {
+            assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
+            let qp = q[r0 * cols..].as_ptr();
+            let per = 128 / l;
+            // 128-column blocks; all R rows share the block row's scale.
+            for (b, &sb) in scale.iter().enumerate() {
+                let sv = s.splat(e8m0_to_f32(sb));
+                for c in b * per..((b + 1) * per).min(full) {
+                    // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's L
+                    // bytes lie inside that row (rows asserted inside q above).
+                    unsafe {
+                        let xv = s.load(xpp.add(c * l));
+                        for k in 0..R {
+                            let w = s.mul(s.fp8(qp.add(k * cols + c * l)), sv);
+                            acc[k] = s.fma(w, xv, acc[k]);
+                        }
+                    }
+                }
+            }
+        }
+        Rows::Bf16(d) => {
+            assert!(d.len() >= (r0 + R) * cols * 2);
+            let dp = d[r0 * cols * 2..].as_ptr();
+            for c in 0..full {
+                // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's 2L
+                // bytes lie inside that row (rows asserted inside d above).
+                unsafe {
+                    let xv = s.load(xpp.add(c * l));
+                    for k in 0..R {
+                        let wv = s.bf16(dp.add(2 * (k * cols + c * l)));
+                        acc[k] = s.fma(wv, xv, acc[k]);
+                    }
+                }
+            }
+        }
+        Rows::F32(d) => {
+            assert!(d.len() >= (r0 + R) * cols);
+            let dp = d[r0 * cols..].as_ptr();
+            for c in 0..full {
+                // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's L
+                // floats lie inside that row (rows asserted inside d above).
+                unsafe {
+                    let xv = s.load(xpp.add(c * l));
+                    for k in 0..R {
+                        acc[k] = s.fma(s.load(dp.add(k * cols + c * l)), xv, acc[k]);
+                    }
+                }
+            }
+        }
+    }
+    if !matches!(w.rows, Rows::Fp4 { .. }) && full * l < cols {
+        let xv = ld(s, xp, full * l);
+        for k in 0..R {
+            acc[k] = s.fma(chunk(s, w.rows, r0 + k, cols, full), xv, acc[k]);
+        }
+    }
+    acc.map(|a| s.hsum(a))
+}
+
+/// out[r] = dot(row r, xp) for every row of `w`, R rows at a time.
+#[inline(always)]
+pub(crate) fn dot_x1<S: Simd, const R: usize>(s: S, w: &RowsView, xp: &[f32], out: &mut [f32]) {
+    // FP4 block scales as f32 up front, so the inner loop only broadcasts from memory.
+    let sf: Vec<f32> = match w.rows {
+        Rows::Fp4 { scale, .. } => scale.iter().map(|&b| e8m0_to_f32(b)).collect(),
+        _ => Vec::new(),
+    };
+    let mut r = 0;
+    while r + R <= w.nrows {
+        out[r..r + R].copy_from_slice(&rows_x1::<S, R>(s, w, r, xp, &sf));
+        r += R;
+    }
+    while r < w.nrows {
+        out[r] = rows_x1::<S, 1>(s, w, r, xp, &sf)[0];
+        r += 1;
+    }
+}
+
+/// wbuf[r * stride..][..cols rounded up to L] = row r decoded in the column layout.
+#[inline(always)]
+pub(crate) fn decode<S: Simd>(s: S, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
+    let (l, cols) = (S::LANES, w.cols);
+    let cp = cols.div_ceil(l) * l;
+    for r in 0..w.nrows {
+        let row = &mut wbuf[r * stride..r * stride + cp];
+        if let Rows::Fp4 { q, scale } = w.rows {
+            for g in 0..cols / (2 * l) {
+                let (lo, hi) = fp4_pair(s, q, scale, r, cols, g);
+                st(s, row, 2 * g * l, lo);
+                st(s, row, (2 * g + 1) * l, hi);
+            }
+        } else {
+            for c in 0..cp / l {
+                st(s, row, c * l, chunk(s, w.rows, r, cols, c));
+            }
+        }
+    }
+}
+
+/// Columns per panel in the prefill path: 16 rows x 512 f32 = 32 KiB of decoded weights
+/// stay in L1 while every token tile passes over them.
+const PANEL: usize = 512;
+
+/// R rows x T tokens over chunks c0..c1 of the prefill product. Each (row, token) keeps
+/// its accumulator vector in `accs` ([rows, n, L]) between panels, so its FMA chain is the
+/// same as in `rows_x1`.
+#[inline(always)]
+fn tile<S: Simd, const R: usize, const T: usize>(
+    s: S,
+    wbuf: &[f32],
+    r0: usize,
+    cp: usize,
+    xp: &[f32],
+    t0: usize,
+    n: usize,
+    (c0, c1): (usize, usize),
+    accs: &mut [f32],
+) {
+    let l = S::LANES;
+    assert!(r0 + R <= wbuf.len().div_ceil(cp) && t0 + T <= n && c1 * l <= cp);
+    assert!(wbuf.len() >= (r0 + R - 1) * cp + c1 * l && xp.len() >= (t0 + T - 1) * cp + c1 * l);
+    assert!(accs.len() >= (r0 + R) * n * l);
+    let (wp, xpp, ap) = (wbuf.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
+    let mut acc = [[s.splat(0.0); T]; R];
+    // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
+    // c1 within each row / token (asserted), and accs holds [rows, n, L] f32.
+    unsafe {
+        for k in 0..R {
+            for t in 0..T {
+                acc[k][t] = s.load(ap.add(((r0 + k) * n + t0 + t) * l));
+            }
+        }
+        for c in c0..c1 {
+            let mut xv = [s.splat(0.0); T];
+            for t in 0..T {
+                xv[t] = s.load(xpp.add((t0 + t) * cp + c * l));
+            }
+            for k in 0..R {
+                let wv = s.load(wp.add((r0 + k) * cp + c * l));
+                for t in 0..T {
+                    acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
+                }
+            }
+        }
+        for k in 0..R {
+            for t in 0..T {
+                s.store(ap.add(((r0 + k) * n + t0 + t) * l), acc[k][t]);
+            }
+        }
+    }
+}
+
+/// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n, with R x 3 register tiles.
+#[inline(always)]
+pub(crate) fn gemm<S: Simd, const R: usize>(
+    s: S,
+    wbuf: &[f32],
+    nrows: usize,
+    cols: usize,
+    cp: usize,
+    xp: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let l = S::LANES;
+    let nch = cols.div_ceil(l);
+    let mut accs = vec![0f32; nrows * n * l];
+    // panel -> token tile -> row tile: the x tile stays in L1 across the row tiles and the
+    // panel of decoded rows stays in L1 across token tiles.
+    let mut c0 = 0;
+    while c0 < nch {
+        let cs = (c0, (c0 + PANEL / l).min(nch));
+        let mut t = 0;
+        while t < n {
+            let three = t + 3 <= n;
+            let mut r = 0;
+            while r + R <= nrows {
+                if three {
+                    tile::<S, R, 3>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                } else {
+                    tile::<S, R, 1>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                }
+                r += R;
+            }
+            while r < nrows {
+                if three {
+                    tile::<S, 1, 3>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                } else {
+                    tile::<S, 1, 1>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                }
+                r += 1;
+            }
+            t += if three { 3 } else { 1 };
+        }
+        c0 = cs.1;
+    }
+    for (o, a) in out.iter_mut().zip(accs.chunks_exact(l)) {
+        *o = s.hsum(ld(s, a, 0));
+    }
+}
+
+/// Register-only FMA loop for the benchmark's peak: C independent chains.
+#[inline(always)]
+pub(crate) fn fma_probe<S: Simd, const C: usize>(s: S, iters: usize) -> f32 {
+    let mut acc = [s.splat(1.0); C];
+    let (a, b) = (s.splat(0.999_999), s.splat(1e-7));
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = s.fma(*v, a, b);
+        }
+    }
+    let mut t = s.splat(0.0);
+    for v in acc {
+        t = s.add(t, v);
+    }
+    s.hsum(t)
+}
