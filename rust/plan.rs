@@ -11,7 +11,14 @@ use crate::model::DEFAULT_CTX;
 /// Python, libraries, thread stacks and allocator slack, counted against the budget.
 pub const OVERHEAD_BYTES: u64 = 400 << 20;
 /// Tokens per prefill chunk (bounds the scratch buffers).
-pub const PREFILL_CHUNK: usize = 256;
+pub const PREFILL_CHUNK_MIN: usize = 256;
+/// The largest prefill chunk. Each chunk reads every routed expert it needs once per layer,
+/// so a prompt of up to this many tokens reads each needed expert once per layer whatever
+/// the cache size; beyond it, once per chunk. Activations cost about 1 MB per token of
+/// chunk for V4 Flash (next to 13 MB per expert), so the plan sizes the chunk from the
+/// budget: the largest power of two up to this that takes at most a quarter of what would
+/// otherwise go to the expert cache.
+pub const PREFILL_CHUNK_MAX: usize = 4096;
 
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -26,6 +33,8 @@ pub struct Plan {
     /// One session's state at the full context, plus one snapshot of its windows.
     pub state_bytes: u64,
     pub scratch_bytes: u64,
+    /// Tokens per prefill chunk (what `scratch_bytes` is sized for).
+    pub prefill_chunk: usize,
     pub overhead_bytes: u64,
     /// Bytes of one expert cache slot (an expert plus alignment padding).
     pub slot_bytes: u64,
@@ -114,8 +123,8 @@ fn state_elems(c: &ModelConfig, ctx: usize) -> Option<u64> {
 
 /// Scratch for one prefill chunk (activations, attention outputs, expert buffers, logits);
 /// `Error::Memory` when that exceeds u64.
-pub fn scratch_bytes(c: &ModelConfig) -> Result<u64> {
-    scratch(c).ok_or_else(|| {
+pub fn scratch_bytes(c: &ModelConfig, chunk: usize) -> Result<u64> {
+    scratch(c, chunk).ok_or_else(|| {
         Error::Memory(
             "the model's dimensions are too large for any memory budget: the scratch buffers \
              would need more than 2^64 bytes"
@@ -124,8 +133,8 @@ pub fn scratch_bytes(c: &ModelConfig) -> Result<u64> {
     })
 }
 
-fn scratch(c: &ModelConfig) -> Option<u64> {
-    let n = PREFILL_CHUNK as u64;
+fn scratch(c: &ModelConfig, chunk: usize) -> Option<u64> {
+    let n = chunk as u64;
     let u = |x: usize| x as u64;
     let (h, qd) = (u(c.hidden_size), u(c.num_heads).checked_mul(u(c.head_dim))?);
     let terms = [
@@ -169,7 +178,7 @@ pub fn plan(
     }
     let total_experts = c.num_layers.saturating_mul(c.n_routed_experts);
     let state = state_bytes(c, ctx)?;
-    let scratch = scratch_bytes(c)?;
+    let scratch = scratch_bytes(c, PREFILL_CHUNK_MIN)?;
     let fixed = [state, scratch, OVERHEAD_BYTES]
         .iter()
         .try_fold(dense, |a, &b| a.checked_add(b))
@@ -217,23 +226,46 @@ pub fn plan(
             (None, avail, room)
         }
     };
-    let fit = usize::try_from(room / slot_bytes.max(1)).unwrap_or(usize::MAX);
-    let mut slots = fit.min(total_experts);
-    if let Some(cb) = expert_cache_bytes {
-        let want = usize::try_from(cb / slot_bytes.max(1))
-            .unwrap_or(usize::MAX)
-            .clamp(1, total_experts.max(1));
-        if budget.is_some() && want > slots {
-            return Err(Error::Memory(format!(
-                "an expert cache of {:.2} GB ({want} experts) does not fit in the RAM budget of {:.2} GB, \
-                 which leaves {:.2} GB for experts",
-                gb(cb),
-                gb(budget.unwrap_or(0)),
-                gb(room)
-            )));
+    // An explicit expert cache is claimed first (it must fit next to the smallest chunk).
+    let claimed = match expert_cache_bytes {
+        Some(cb) => {
+            let want = usize::try_from(cb / slot_bytes.max(1))
+                .unwrap_or(usize::MAX)
+                .clamp(1, total_experts.max(1));
+            let fit = usize::try_from(room / slot_bytes.max(1)).unwrap_or(usize::MAX);
+            if budget.is_some() && want > fit {
+                return Err(Error::Memory(format!(
+                    "an expert cache of {:.2} GB ({want} experts) does not fit in the RAM budget of {:.2} GB, \
+                     which leaves {:.2} GB for experts",
+                    gb(cb),
+                    gb(budget.unwrap_or(0)),
+                    gb(room)
+                )));
+            }
+            Some(want)
         }
-        slots = want;
+        None => None,
+    };
+    // Then a larger prefill chunk, paid from what is left for experts (at most a quarter).
+    let spare = match claimed {
+        Some(w) => room.saturating_sub((w as u64).saturating_mul(slot_bytes)),
+        None => room,
+    };
+    let (mut chunk, mut scratch, mut fixed, mut room) = (PREFILL_CHUNK_MIN, scratch, fixed, room);
+    let mut spent = 0u64;
+    while chunk < PREFILL_CHUNK_MAX && chunk < ctx {
+        let Ok(s2) = scratch_bytes(c, chunk * 2) else {
+            break;
+        };
+        let extra = s2 - scratch; // grows with the chunk
+        if spent + extra > spare / 4 {
+            break;
+        }
+        spent += extra;
+        (chunk, scratch, fixed, room) = (chunk * 2, s2, fixed + extra, room - extra);
     }
+    let fit = usize::try_from(room / slot_bytes.max(1)).unwrap_or(usize::MAX);
+    let mut slots = claimed.unwrap_or(fit.min(total_experts));
     if slots == 0 {
         slots = min_slots.min(total_experts).max(1);
     }
@@ -249,6 +281,7 @@ pub fn plan(
         embed_head_bytes: eh,
         state_bytes: state,
         scratch_bytes: scratch,
+        prefill_chunk: chunk,
         overhead_bytes: OVERHEAD_BYTES,
         slot_bytes,
         slots,
@@ -306,7 +339,7 @@ mod tests {
         let b = state_bytes(&c, 8192).unwrap();
         // 21 CSA layers × (512+128)/4 + 20 HCA × 512/128 = 3440 f32 per token
         assert_eq!(b - a, 4096 * 3440 * 4);
-        assert!(scratch_bytes(&c).unwrap() < 1 << 30);
+        assert!(scratch_bytes(&c, PREFILL_CHUNK_MIN).unwrap() < 1 << 30);
     }
 
     #[test]

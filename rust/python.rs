@@ -137,6 +137,7 @@ fn plan_dict<'py>(py: Python<'py>, p: &Plan) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("embed_head_bytes", p.embed_head_bytes)?;
     d.set_item("state_bytes", p.state_bytes)?;
     d.set_item("scratch_bytes", p.scratch_bytes)?;
+    d.set_item("prefill_chunk", p.prefill_chunk)?;
     d.set_item("overhead_bytes", p.overhead_bytes)?;
     d.set_item("slot_bytes", p.slot_bytes)?;
     d.set_item("slots", p.slots)?;

@@ -615,6 +615,9 @@ class ScriptedModel:
     def session(self):
         return ScriptedSession(self)
 
+    def plan(self):
+        return {"prefill_chunk": 256}
+
 
 def _dsml_answer(mode, content="", reasoning=""):
     calls = [

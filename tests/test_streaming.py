@@ -67,9 +67,12 @@ def test_budget_too_small_says_how_much_is_needed():
 
 def test_budget_limits_the_cache_and_explicit_cache_must_fit():
     p = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=1024)
-    fixed = p["total_bytes"] - p["cache_bytes"]
+    # what the plan needs besides experts with the smallest prefill chunk (256 tokens)
+    s256 = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=256)["scratch_bytes"]
+    fixed = p["total_bytes"] - p["cache_bytes"] - p["scratch_bytes"] + s256
     tight = (fixed + 10 * p["slot_bytes"] + 100) / 1e9
     q = v4flash.plan(FIXTURES / "tiny-a", ram_gb=tight, ctx=1024)
+    assert q["prefill_chunk"] == 256
     assert q["slots"] == 10 and q["total_bytes"] <= q["budget_bytes"]
     with pytest.raises(MemoryError, match="does not fit in the RAM budget"):
         v4flash.plan(FIXTURES / "tiny-a", ram_gb=tight, ctx=1024, expert_cache_mb=1.0)
@@ -107,3 +110,22 @@ def test_io_uring_and_pread_pool_give_identical_logits(monkeypatch, baseline):
     m = v4flash.load(FIXTURES / "tiny-a", io="buffered")
     assert m.stats()["io_engine"] == "pread-pool"
     assert m.stats()["direct_io"] is False
+
+
+def test_prefill_chunk_follows_the_budget():
+    roomy = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=8192)
+    assert roomy["prefill_chunk"] == 4096  # the largest chunk when memory allows it
+    p = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=1024)
+    assert p["prefill_chunk"] == 1024  # never larger than the context
+    # a budget that leaves little room for experts keeps the smallest chunk
+    small = p["total_bytes"] - p["cache_bytes"]
+    per_tok = (
+        p["scratch_bytes"] - v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=256)["scratch_bytes"]
+    ) / (1024 - 256)
+    tight = (small - per_tok * (1024 - 256) + 4 * p["slot_bytes"]) / 1e9
+    q = v4flash.plan(FIXTURES / "tiny-a", ram_gb=tight, ctx=1024)
+    assert q["prefill_chunk"] == 256
+    for x in (roomy, p, q):
+        c = x["prefill_chunk"]
+        assert c >= 256 and c & (c - 1) == 0
+        assert x["total_bytes"] <= x["budget_bytes"]

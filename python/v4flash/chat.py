@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .encoding import END_THINK, ROLES, encode_prompt_ids
 from .textapi import StopMatcher
 
-PREFILL_CHUNK = 256  # tokens per feed call when a progress callback is given
+PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
 SNAPSHOTS_KEPT = 4
 
 TextCallback = Callable[[str, str], None]  # (kind: "reasoning" | "content", text)
@@ -226,9 +226,11 @@ class Conversation:
         if progress is None:
             self.session.feed(ids)
             return
-        for at in range(0, len(ids), PREFILL_CHUNK):
-            self.session.feed(ids[at : at + PREFILL_CHUNK])
-            progress(min(at + PREFILL_CHUNK, len(ids)), len(ids))
+        # the engine's own prefill chunk: each piece reads its experts once per layer
+        step = self.model.plan().get("prefill_chunk", PREFILL_CHUNK)
+        for at in range(0, len(ids), step):
+            self.session.feed(ids[at : at + step])
+            progress(min(at + step, len(ids)), len(ids))
 
     # --- a turn ----------------------------------------------------------------------------
 

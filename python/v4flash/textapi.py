@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from .encoding import DSML, END_THINK, encode_prompt_ids, parse_completion
 
-PREFILL_CHUNK = 256  # tokens per feed call: cancellation is checked between chunks
+PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
 DEFAULT_SESSIONS = 4  # idle sessions a prompt cache keeps
 SNAPSHOTS_PER_SESSION = 4
 
@@ -717,11 +717,14 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
         if j >= cached:
             cut = j + 1
         cut = max(cut, cached)
-        for at in range(cached, cut, PREFILL_CHUNK):
+        # pieces of the engine's own prefill chunk (each reads its experts once per layer);
+        # a cancellation is seen between pieces
+        step = model.plan().get("prefill_chunk", PREFILL_CHUNK)
+        for at in range(cached, cut, step):
             if cancel():
                 yield "end", _end("cancelled", job, cached, [], 0, 0, t0, None, None, "")
                 return
-            sess.feed(prompt[at : min(at + PREFILL_CHUNK, cut)])
+            sess.feed(prompt[at : min(at + step, cut)])
         if cut > cached and cache is not None:
             lease.entry.add_snapshot(cut, sess.snapshot())
         t_prefill = time.perf_counter()

@@ -268,10 +268,11 @@ impl Model {
         want: Want,
         cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<f32>> {
-        const CHUNK: usize = 256;
+        // chunks as large as the plan's scratch allows (each reads its experts once per layer)
+        let size = self.plan.prefill_chunk.max(1);
         let mut out = Vec::new();
-        let n_chunks = ids.len().div_ceil(CHUNK);
-        for (ci, chunk) in ids.chunks(CHUNK).enumerate() {
+        let n_chunks = ids.len().div_ceil(size);
+        for (ci, chunk) in ids.chunks(size).enumerate() {
             let w = match want {
                 Want::All => Want::All,
                 Want::Last if ci + 1 == n_chunks => Want::Last,
