@@ -228,15 +228,15 @@ fn fp4_pair<S: Simd>(
 
 /// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
 /// The full chunks run on raw pointers (bounds checked once up front); the last partial
-/// chunk goes through `chunk`, which decodes exactly like `decode`. `sf`: the FP4 block
-/// scales of all rows as f32.
+/// chunk goes through `chunk`, which decodes exactly like `decode`. `tables[b]`: the FP4
+/// table times the value of scale byte b (see `dot_x1`).
 #[inline(always)]
 fn rows_x1<S: Simd, const R: usize>(
     s: S,
     w: &RowsView,
     r0: usize,
     xp: &[f32],
-    sf: &[f32],
+    tables: &[S::V; 256],
 ) -> [f32; R] {
     let (l, cols) = (S::LANES, w.cols);
     let full = cols / l;
@@ -244,17 +244,16 @@ fn rows_x1<S: Simd, const R: usize>(
     let xpp = xp.as_ptr();
     let mut acc = [s.splat(0.0); R];
     match w.rows {
-        Rows::Fp4 { q, .. } => {
-            assert!(q.len() >= (r0 + R) * cols / 2 && sf.len() >= (r0 + R) * cols / 32);
-            let table = s.fp4_table();
+        Rows::Fp4 { q, scale } => {
+            assert!(q.len() >= (r0 + R) * cols / 2);
             let qp = q[r0 * cols / 2..].as_ptr();
-            let sf = &sf[r0 * cols / 32..(r0 + R) * cols / 32];
+            let sc = &scale[r0 * cols / 32..(r0 + R) * cols / 32];
             for g in 0..cols / (2 * l) {
                 // SAFETY: g < cols / 2L, so xp[2gL..2gL + 2L] is inside xp (len >= cols).
                 let (xe, xo) =
                     unsafe { (s.load(xpp.add(2 * g * l)), s.load(xpp.add((2 * g + 1) * l))) };
                 for k in 0..R {
-                    let t = s.mul(table, s.splat(sf[(k * cols + 2 * g * l) / 32]));
+                    let t = tables[sc[k * (cols / 32) + 2 * g * l / 32] as usize];
                     // SAFETY: row k's bytes gL..gL + L lie within its cols / 2 bytes, inside
                     // q (asserted above).
                     let (lo, hi) = unsafe { s.fp4(qp.add(k * cols / 2 + g * l), t) };
@@ -329,18 +328,21 @@ fn rows_x1<S: Simd, const R: usize>(
 /// out[r] = dot(row r, xp) for every row of `w`, R rows at a time.
 #[inline(always)]
 pub(crate) fn dot_x1<S: Simd, const R: usize>(s: S, w: &RowsView, xp: &[f32], out: &mut [f32]) {
-    // FP4 block scales as f32 up front, so the inner loop only broadcasts from memory.
-    let sf: Vec<f32> = match w.rows {
-        Rows::Fp4 { scale, .. } => scale.iter().map(|&b| e8m0_to_f32(b)).collect(),
-        _ => Vec::new(),
-    };
+    // The FP4 table times every possible scale up front (256 multiplies, the same products
+    // `fp4_pair` forms), so the inner loop only loads the block's table.
+    let mut tables = [s.splat(0.0); 256];
+    if let Rows::Fp4 { .. } = w.rows {
+        for (b, t) in tables.iter_mut().enumerate() {
+            *t = s.mul(s.fp4_table(), s.splat(e8m0_to_f32(b as u8)));
+        }
+    }
     let mut r = 0;
     while r + R <= w.nrows {
-        out[r..r + R].copy_from_slice(&rows_x1::<S, R>(s, w, r, xp, &sf));
+        out[r..r + R].copy_from_slice(&rows_x1::<S, R>(s, w, r, xp, &tables));
         r += R;
     }
     while r < w.nrows {
-        out[r] = rows_x1::<S, 1>(s, w, r, xp, &sf)[0];
+        out[r] = rows_x1::<S, 1>(s, w, r, xp, &tables)[0];
         r += 1;
     }
 }
