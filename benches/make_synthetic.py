@@ -5,8 +5,8 @@ Real dimensions, dtypes, tensor names, sharding and config.json keys; only the n
 is cut (``--layers N``, default 4) and the values are random. Used to benchmark the engine's
 memory and disk paths at the real sizes without the 160 GB download.
 
-    python benches/make_synthetic.py --layers 4 --out /work/synth4 --seed 0
-    python benches/make_synthetic.py --check-routing /work/synth4     # popularity histogram
+    python benches/make_synthetic.py --layers 4 --out synth4 --seed 0
+    python benches/make_synthetic.py --check-routing synth4     # popularity histogram
 
 Design (see benches/README.md):
 
