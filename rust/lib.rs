@@ -1,5 +1,6 @@
 //! v4flash core: checkpoint reading, kernels, expert streaming and the DeepSeek V4 forward
-//! pass. The Python binding (`python.rs`) is a thin layer over these modules.
+//! pass. The Python binding (`python.rs`, cargo feature `python`, which maturin enables) is a
+//! thin layer over these modules; without the feature nothing links libpython.
 
 pub mod checkpoint;
 pub mod config;
@@ -9,6 +10,7 @@ pub mod kernels;
 pub mod model;
 pub mod plan;
 pub mod probe;
+#[cfg(feature = "python")]
 mod python;
 pub mod store;
 
