@@ -29,6 +29,7 @@ use crate::dtype::e8m0_to_f32;
 /// One tier's vector operations on `V` (L f32 lanes). Implemented by the tier's proof
 /// type: holding `self` means the CPU runs the tier, so only the raw-pointer operations are
 /// `unsafe` (for the pointer).
+#[allow(dead_code)] // TEMP: the int8 methods are wired in by the fast-numerics commit
 pub(crate) trait Simd: Copy {
     type V: Copy;
     const LANES: usize;
@@ -63,6 +64,62 @@ pub(crate) trait Simd: Copy {
     /// # Safety
     /// `p` is valid for reading L bytes.
     unsafe fn fp4(self, p: *const u8, t: Self::V) -> (Self::V, Self::V);
+
+    // ---- fast numerics (int8 activations; see `quant`) ----
+    //
+    // The defaults are scalar; a tier overrides them with its integer instructions. Every
+    // override must give lanes with the same *sum* as the default (the dot is an exact
+    // integer, |dot| <= 32 * 127 * 127 < 2^24, so any lane split is exact in f32); the
+    // lanes themselves are the tier's own.
+
+    /// A vector with `x` in lane 0 and zeros elsewhere.
+    fn lane0(self, x: f32) -> Self::V;
+
+    /// The dot product of 32 int8 weights and 32 int8 activations (every value in
+    /// -127..=127) as lanes of V whose sum is the exact integer dot.
+    ///
+    /// # Safety
+    /// `w` and `x` are valid for reading 32 bytes.
+    #[inline(always)]
+    unsafe fn dot_i8(self, w: *const i8, x: *const i8) -> Self::V {
+        // SAFETY: the caller's contract.
+        let (w, x) = unsafe { (&*w.cast::<[i8; 32]>(), &*x.cast::<[i8; 32]>()) };
+        let mut d = 0i32;
+        for i in 0..32 {
+            d += w[i] as i32 * x[i] as i32;
+        }
+        self.lane0(d as f32)
+    }
+
+    /// 16 packed e2m1 bytes (one 32-column FP4 block, low nibble = even column) as 32 int8
+    /// weights `2 * E2M1` in the block's fast-numerics order: the 16 low nibbles, then the
+    /// 16 high nibbles (`quant::I8_OF_E2M1`).
+    ///
+    /// # Safety
+    /// `p` is valid for reading 16 bytes and `out` for writing 32.
+    #[inline(always)]
+    unsafe fn fp4_i8(self, p: *const u8, out: *mut i8) {
+        // SAFETY: the caller's contract.
+        let (p, out) = unsafe { (&*p.cast::<[u8; 16]>(), &mut *out.cast::<[i8; 32]>()) };
+        for i in 0..16 {
+            out[i] = super::quant::I8_OF_E2M1[(p[i] & 15) as usize];
+            out[16 + i] = super::quant::I8_OF_E2M1[(p[i] >> 4) as usize];
+        }
+    }
+
+    /// `dot_i8(fp4_i8(p), x)`, fused: the same lanes as that pair of calls.
+    ///
+    /// # Safety
+    /// `p` is valid for reading 16 bytes and `x` for reading 32.
+    #[inline(always)]
+    unsafe fn dot_fp4_i8(self, p: *const u8, x: *const i8) -> Self::V {
+        let mut w = [0i8; 32];
+        // SAFETY: the caller's contract; `w` holds 32 bytes.
+        unsafe {
+            self.fp4_i8(p, w.as_mut_ptr());
+            self.dot_i8(w.as_ptr(), x)
+        }
+    }
 }
 
 /// Implements `Kernel` for a `Simd` tier. Each method enters a function compiled with the

@@ -22,6 +22,8 @@ mod driver;
 mod generic;
 pub mod ops;
 mod portable;
+#[allow(dead_code)] // TEMP: wired into the driver by the fast-numerics commit
+mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

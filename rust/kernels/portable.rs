@@ -89,6 +89,13 @@ impl Simd for Portable {
     }
 
     #[inline(always)]
+    fn lane0(self, x: f32) -> V {
+        let mut v = [0.0; L];
+        v[0] = x;
+        v
+    }
+
+    #[inline(always)]
     fn hsum(self, v: V) -> f32 {
         hsum(v)
     }

@@ -77,6 +77,12 @@ impl Simd for Avx2 {
     }
 
     #[inline(always)]
+    fn lane0(self, x: f32) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe { _mm256_zextps128_ps256(_mm_set_ss(x)) }
+    }
+
+    #[inline(always)]
     fn hsum(self, v: __m256) -> f32 {
         // SAFETY: see the impl.
         unsafe {

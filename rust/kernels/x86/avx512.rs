@@ -79,6 +79,12 @@ impl Simd for Avx512 {
     }
 
     #[inline(always)]
+    fn lane0(self, x: f32) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_zextps128_ps512(_mm_set_ss(x)) }
+    }
+
+    #[inline(always)]
     fn hsum(self, v: __m512) -> f32 {
         // SAFETY: see the impl.
         unsafe {
