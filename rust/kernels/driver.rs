@@ -20,6 +20,7 @@
 //! Because the n = 1 path and the n > 1 path perform this same sequence of operations on
 //! the same values, each token's result is bit-identical to computing it alone.
 
+use super::quant::quantize;
 use super::{MatRef, Weights};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -65,6 +66,23 @@ pub(crate) trait Kernel: Copy + Send + Sync {
         cols: usize,
         stride: usize,
         xp: &[f32],
+        n: usize,
+        out: &mut [f32],
+    );
+    /// Fast numerics, FP4 rows only: out[r] = row r · x with int8 activations (xq [cols] in
+    /// the FP4 block order, xd [cols / 32] steps; see `quant`).
+    fn dot_q8_x1(self, w: &RowsView, xq: &[i8], xd: &[f32], out: &mut [f32]);
+    /// wq [nrows, cols] = the FP4 rows as int8 weights `2 * E2M1` in block order, ws
+    /// [nrows, cols / 32] their block scales (e8m0 / 2).
+    fn decode_q8(self, w: &RowsView, wq: &mut [i8], ws: &mut [f32]);
+    /// out[r, t] = (wq, ws)[r] · (xq, xd)[t] for r < nrows, t < n; rows and tokens are
+    /// `cols` int8 apart.
+    fn gemm_q8(
+        self,
+        w: (&[i8], &[f32]),
+        nrows: usize,
+        cols: usize,
+        x: (&[i8], &[f32]),
         n: usize,
         out: &mut [f32],
     );
@@ -206,6 +224,71 @@ pub(crate) fn matmul<K: Kernel>(
     });
     if n > 1 {
         // [nr, n] -> [n, nr]
+        for (r, tr) in tmp.chunks_exact(n).enumerate() {
+            for (i, &v) in tr.iter().enumerate() {
+                y[i * nr + r] = v;
+            }
+        }
+    }
+}
+
+/// `matmul` in fast numerics for an FP4 matrix: x quantized to int8 per 32-column block
+/// (`quant::quantize`), integer block dot products, f32 accumulation. Same task split, so
+/// the thread count never changes a result, and each token's result equals computing it
+/// alone (see `generic`).
+pub(crate) fn matmul_q8<K: Kernel>(
+    k: K,
+    m: &MatRef,
+    rows: Range<usize>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    let nr = rows.len();
+    if nr == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        matches!(m.w, Weights::Fp4 { .. }),
+        "the int8 path is only for FP4"
+    );
+    let (cols, nb) = (m.cols, m.cols / 32);
+    let qx = quantize(x, cols); // q [n, cols], d [n, nb]
+    let step = task_rows(nr);
+    let mut tmp = Vec::new();
+    let out: &mut [f32] = if n == 1 {
+        y
+    } else {
+        tmp.resize(nr * n, 0f32);
+        &mut tmp
+    };
+    let mut parts = Vec::new();
+    let (mut rest, mut r) = (out, rows.start);
+    while r < rows.end {
+        let e = (r + step).min(rows.end);
+        let (a, b) = rest.split_at_mut((e - r) * n);
+        parts.push((r..e, a));
+        rest = b;
+        r = e;
+    }
+    parts.into_par_iter().for_each(|(tr, o)| {
+        if n == 1 {
+            k.dot_q8_x1(&view(m, tr.clone()), &qx.q, &qx.d, o);
+        } else {
+            // [GROUP, cols] int8 weights and [GROUP, nb] block scales
+            let (mut wq, mut ws) = (vec![0i8; GROUP * cols], vec![0f32; GROUP * nb]);
+            let mut g0 = tr.start;
+            while g0 < tr.end {
+                let g1 = (g0 + GROUP).min(tr.end);
+                let gl = g1 - g0;
+                k.decode_q8(&view(m, g0..g1), &mut wq[..gl * cols], &mut ws[..gl * nb]);
+                let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
+                k.gemm_q8((&wq, &ws), gl, cols, (&qx.q, &qx.d), n, oo);
+                g0 = g1;
+            }
+        }
+    });
+    if n > 1 {
         for (r, tr) in tmp.chunks_exact(n).enumerate() {
             for (i, &v) in tr.iter().enumerate() {
                 y[i * nr + r] = v;

@@ -22,7 +22,6 @@ mod driver;
 mod generic;
 pub mod ops;
 mod portable;
-#[allow(dead_code)] // TEMP: wired into the driver by the fast-numerics commit
 mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -100,17 +99,68 @@ impl<'a> MatRef<'a> {
 
 /// y[n, rows.len()] = x[n, cols] · W[rows]ᵀ, parallel over rows in the current rayon pool.
 pub fn matmul(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
+    check_args(m, &rows, x, n, y);
+    let t0 = std::time::Instant::now();
+    let flops = 2 * (rows.len() * m.cols * n) as u64;
+    run(active_tier(), m, rows, x, n, y);
+    KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
+}
+
+/// How activations meet the weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// f32 activations everywhere (the mode the transformers oracle checks).
+    #[default]
+    Exact,
+    /// int8 activations (per 32-column block) for the FP4 expert products; everything else
+    /// as `Exact` (see `quant`).
+    Fast,
+}
+
+impl Numerics {
+    pub const ALL: [Numerics; 2] = [Numerics::Exact, Numerics::Fast];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Fast => "fast",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Numerics> {
+        Numerics::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, every other
+/// format (and `Exact`) the f32 one.
+pub fn matmul_in(
+    numerics: Numerics,
+    m: &MatRef,
+    rows: Range<usize>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    if numerics == Numerics::Exact || !matches!(m.w, Weights::Fp4 { .. }) {
+        return matmul(m, rows, x, n, y);
+    }
+    check_args(m, &rows, x, n, y);
+    let t0 = std::time::Instant::now();
+    let flops = 2 * (rows.len() * m.cols * n) as u64;
+    run_q8(active_tier(), m, rows, x, n, y);
+    KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
+}
+
+fn check_args(m: &MatRef, rows: &Range<usize>, x: &[f32], n: usize, y: &[f32]) {
     assert!(
         rows.end <= m.rows && rows.start <= rows.end,
         "row range out of bounds"
     );
     assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
     assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
-    let t0 = std::time::Instant::now();
-    let flops = 2 * (rows.len() * m.cols * n) as u64;
-    run(active_tier(), m, rows, x, n, y);
-    KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
 }
 
 static KERNEL_NS: AtomicU64 = AtomicU64::new(0);
@@ -138,13 +188,29 @@ pub fn matmul_tier(
     if !tier.available() {
         return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
     }
-    assert!(
-        rows.end <= m.rows && rows.start <= rows.end,
-        "row range out of bounds"
-    );
-    assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
-    assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
+    check_args(m, &rows, x, n, y);
     run(tier, m, rows, x, n, y);
+    Ok(())
+}
+
+/// `matmul_in(Numerics::Fast, ..)` of an FP4 matrix on a given tier (for tests and
+/// benches). Errors if the CPU lacks the tier or the matrix is not FP4.
+pub fn matmul_q8_tier(
+    tier: Tier,
+    m: &MatRef,
+    rows: Range<usize>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), String> {
+    if !tier.available() {
+        return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
+    }
+    if !matches!(m.w, Weights::Fp4 { .. }) {
+        return Err("the int8 path is only for FP4 matrices".into());
+    }
+    check_args(m, &rows, x, n, y);
+    run_q8(tier, m, rows, x, n, y);
     Ok(())
 }
 
@@ -174,6 +240,10 @@ macro_rules! with_kernel {
 
 fn run(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
     with_kernel!(tier, k => driver::matmul(k, m, rows, x, n, y))
+}
+
+fn run_q8(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
+    with_kernel!(tier, k => driver::matmul_q8(k, m, rows, x, n, y))
 }
 
 /// Benchmark support: runs a register-only multiply-add loop on `tier` and returns
@@ -274,3 +344,5 @@ pub fn tier_name() -> &'static str {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fast;

@@ -37,7 +37,13 @@ const fn fp8_lut() -> [f32; 256] {
 #[derive(Clone, Copy)]
 pub(crate) struct Portable;
 
-simd_kernel!(Portable, rows_x1 = 4, gemm_rows = 1, chains = 8);
+simd_kernel!(
+    Portable,
+    rows_x1 = 4,
+    gemm_rows = 1,
+    q8_rows = 1,
+    chains = 8
+);
 
 type V = [f32; L];
 

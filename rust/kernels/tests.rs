@@ -8,24 +8,24 @@
 use super::*;
 use crate::dtype::{e4m3_to_f32, e8m0_to_f32, E2M1_LUT};
 
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
-    fn f32(&mut self) -> f32 {
+    pub(super) fn f32(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
-    fn byte(&mut self) -> u8 {
+    pub(super) fn byte(&mut self) -> u8 {
         (self.next() >> 32) as u8
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     F32,
     Bf16,
     Fp8,
@@ -34,18 +34,18 @@ enum Kind {
 const KINDS: [Kind; 4] = [Kind::F32, Kind::Bf16, Kind::Fp8, Kind::Fp4];
 
 /// Owned test matrix with its f64 dequantization.
-struct Mat {
-    rows: usize,
-    cols: usize,
+pub(super) struct Mat {
+    pub(super) rows: usize,
+    pub(super) cols: usize,
     kind: Kind,
     f: Vec<f32>,
-    q: Vec<u8>,
-    s: Vec<u8>,
-    deq: Vec<f64>, // [rows, cols]
+    pub(super) q: Vec<u8>,
+    pub(super) s: Vec<u8>,
+    pub(super) deq: Vec<f64>, // [rows, cols]
 }
 
 impl Mat {
-    fn new(kind: Kind, rows: usize, cols: usize, seed: u64) -> Mat {
+    pub(super) fn new(kind: Kind, rows: usize, cols: usize, seed: u64) -> Mat {
         let mut g = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) + 1);
         let mut m = Mat {
             rows,
@@ -107,7 +107,7 @@ impl Mat {
         m
     }
 
-    fn mat_ref(&self) -> MatRef<'_> {
+    pub(super) fn mat_ref(&self) -> MatRef<'_> {
         let w = match self.kind {
             Kind::F32 => Weights::F32(&self.f),
             Kind::Bf16 => Weights::Bf16(&self.q),
@@ -144,12 +144,12 @@ impl Mat {
 }
 
 /// x [n, cols] deliberately misaligned (offset by one f32 into its allocation).
-fn make_x(n: usize, cols: usize, seed: u64) -> Vec<f32> {
+pub(super) fn make_x(n: usize, cols: usize, seed: u64) -> Vec<f32> {
     let mut g = Rng(seed + 77);
     (0..n * cols + 1).map(|_| g.f32()).collect()
 }
 
-fn tiers() -> Vec<Tier> {
+pub(super) fn tiers() -> Vec<Tier> {
     let mut v = Vec::new();
     for t in Tier::ALL {
         if t.available() {
@@ -161,7 +161,7 @@ fn tiers() -> Vec<Tier> {
     v
 }
 
-fn run_tier(t: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize) -> Vec<f32> {
+pub(super) fn run_tier(t: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; n * rows.len()];
     matmul_tier(t, m, rows, x, n, &mut y).unwrap();
     y

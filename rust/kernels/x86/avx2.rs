@@ -9,6 +9,7 @@
 
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
+use super::int8;
 use crate::dtype::E2M1_LUT;
 use std::arch::x86_64::*;
 
@@ -30,6 +31,7 @@ simd_kernel!(
     features = "avx2,fma,f16c",
     rows_x1 = 4,
     gemm_rows = 4,
+    q8_rows = 4,
     chains = 12
 );
 
@@ -133,5 +135,24 @@ impl Simd for Avx2 {
                 _mm256_xor_ps(hi, _mm256_castsi256_ps(shi)),
             )
         }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_i8(self, w: *const i8, x: *const i8) -> Self::V {
+        // SAFETY: see the impl; `w` and `x` are valid for 32 bytes (caller).
+        unsafe { int8::dot(int8::load(w), int8::load(x)) }
+    }
+
+    #[inline(always)]
+    unsafe fn fp4_i8(self, p: *const u8, out: *mut i8) {
+        // SAFETY: see the impl; `p` is valid for 16 bytes and `out` for 32 (caller).
+        unsafe { _mm256_storeu_si256(out.cast(), int8::fp4_i8(p)) }
+    }
+
+    /// The weights `fp4_i8` forms, kept in a register: the same lanes as the pair.
+    #[inline(always)]
+    unsafe fn dot_fp4_i8(self, p: *const u8, x: *const i8) -> Self::V {
+        // SAFETY: see the impl; `p` is valid for 16 bytes and `x` for 32 (caller).
+        unsafe { int8::dot(int8::fp4_i8(p), int8::load(x)) }
     }
 }

@@ -3,6 +3,7 @@
 
 mod avx2;
 mod avx512;
+mod int8;
 
 pub(crate) use avx2::Avx2;
 pub(crate) use avx512::Avx512;
