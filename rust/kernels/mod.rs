@@ -116,25 +116,37 @@ pub enum Numerics {
     /// int8 activations (per 32-column block) for the FP4 expert products; everything else
     /// as `Exact` (see `quant`).
     Fast,
+    /// A measurement mode: DeepSeek's FP8 E4M3 activation round trip (blocks of 128,
+    /// UE8M0 scale, `quant::fp8_act_qdq`) on the input of every FP8/FP4 product the model
+    /// routes through `matmul_in`, then the exact kernels. It shows how far the activation
+    /// quantization the model was trained with moves the output, the yardstick for `Fast`.
+    Fp8Act,
 }
 
 impl Numerics {
-    pub const ALL: [Numerics; 2] = [Numerics::Exact, Numerics::Fast];
+    pub const ALL: [Numerics; 3] = [Numerics::Exact, Numerics::Fast, Numerics::Fp8Act];
 
     pub fn name(self) -> &'static str {
         match self {
             Numerics::Exact => "exact",
             Numerics::Fast => "fast",
+            Numerics::Fp8Act => "fp8-act",
         }
     }
 
     pub fn from_name(s: &str) -> Option<Numerics> {
         Numerics::ALL.into_iter().find(|m| m.name() == s)
     }
+
+    /// The names, for messages ("exact, fast or fp8-act").
+    pub fn names() -> String {
+        let v: Vec<&str> = Numerics::ALL.iter().map(|m| m.name()).collect();
+        format!("{} or {}", v[..v.len() - 1].join(", "), v[v.len() - 1])
+    }
 }
 
-/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, every other
-/// format (and `Exact`) the f32 one.
+/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, `Fp8Act`
+/// rounds x through FP8 before FP8 and FP4 matrices; every other case is `matmul`.
 pub fn matmul_in(
     numerics: Numerics,
     m: &MatRef,
@@ -143,15 +155,23 @@ pub fn matmul_in(
     n: usize,
     y: &mut [f32],
 ) {
-    if numerics == Numerics::Exact || !matches!(m.w, Weights::Fp4 { .. }) {
-        return matmul(m, rows, x, n, y);
+    match (numerics, m.w) {
+        (Numerics::Fast, Weights::Fp4 { .. }) => {
+            check_args(m, &rows, x, n, y);
+            let t0 = std::time::Instant::now();
+            let flops = 2 * (rows.len() * m.cols * n) as u64;
+            run_q8(active_tier(), m, rows, x, n, y);
+            KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
+        }
+        (Numerics::Fp8Act, Weights::Fp8 { .. } | Weights::Fp4 { .. }) => {
+            check_args(m, &rows, x, n, y);
+            let mut xq = x.to_vec();
+            quant::fp8_act_qdq(&mut xq, m.cols);
+            matmul(m, rows, &xq, n, y)
+        }
+        _ => matmul(m, rows, x, n, y),
     }
-    check_args(m, &rows, x, n, y);
-    let t0 = std::time::Instant::now();
-    let flops = 2 * (rows.len() * m.cols * n) as u64;
-    run_q8(active_tier(), m, rows, x, n, y);
-    KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
 }
 
 fn check_args(m: &MatRef, rows: &Range<usize>, x: &[f32], n: usize, y: &[f32]) {

@@ -1,4 +1,7 @@
-//! Fast numerics: int8 activations for the FP4 expert products.
+//! Activation quantization: int8 blocks for the fast FP4 products, and DeepSeek's FP8 E4M3
+//! activation round trip (`fp8_act_qdq`) for measuring what that step costs.
+//!
+//! ## Fast numerics: int8 activations for the FP4 expert products
 //!
 //! In `Numerics::Fast` an FP4 matrix is multiplied by activations quantized per 32-column
 //! block (the FP4 scale block): `x ≈ d * q` with `d = amax / 127` and `q` an int8 in
@@ -46,6 +49,58 @@ pub(crate) fn quantize(x: &[f32], cols: usize) -> QuantX {
     QuantX { q, d }
 }
 
+/// Largest finite E4M3 (e4m3fn) magnitude.
+pub(crate) const E4M3_MAX: f32 = 448.0;
+/// DeepSeek's activation block (columns per scale) before FP8/FP4 products.
+pub(crate) const FP8_ACT_BLOCK: usize = 128;
+
+/// `v` rounded to the nearest E4M3 (e4m3fn) value, ties to even, after clamping to ±448.
+/// NaN stays NaN. Exact: every step is a power of two, so `v / step` is exact in f32.
+pub(crate) fn e4m3_round(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let a = v.abs().min(E4M3_MAX);
+    // normal binades 2^-6..2^8 have 3 mantissa bits (step 2^(e-3)); below 2^-6 the
+    // subnormal step is 2^-9. The binade comes from the exponent bits (exact).
+    let e = ((a.to_bits() >> 23) & 0xff) as i32 - 127;
+    let step = f32::powi(2.0, e.max(-6) - 3);
+    ((a / step).round_ties_even() * step).copysign(v)
+}
+
+/// The UE8M0 scale DeepSeek's `act_quant` picks for a block with largest magnitude
+/// `amax`: 2^ceil(log2(max(amax, 1e-4) · (1/448))), the smallest power of two that brings
+/// the block within ±448. As in DeepSeek's reference kernel (`inference/kernel.py`,
+/// `fast_round_scale`), the product is formed in f32 and its ceil(log2) read off the bits.
+pub(crate) fn fp8_act_scale(amax: f32) -> f32 {
+    let r = amax.max(1e-4) * (1.0 / E4M3_MAX);
+    let bits = r.to_bits();
+    let exp = ((bits >> 23) & 0xff) as i32 - 127;
+    let e = if bits & 0x7f_ffff != 0 { exp + 1 } else { exp };
+    f32::powi(2.0, e)
+}
+
+/// DeepSeek's FP8 activation round trip on x [n, cols], in place: each row's blocks of
+/// `FP8_ACT_BLOCK` columns (the last one may be shorter) are divided by their
+/// `fp8_act_scale`, rounded to E4M3 and multiplied back. A block with a NaN or an infinity
+/// becomes NaN (no FP8 form), as the products of the exact path would be.
+pub(crate) fn fp8_act_qdq(x: &mut [f32], cols: usize) {
+    debug_assert!(cols > 0 && x.len() % cols == 0);
+    for row in x.chunks_exact_mut(cols) {
+        for b in row.chunks_mut(FP8_ACT_BLOCK) {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            if !amax.is_finite() || b.iter().any(|v| v.is_nan()) {
+                b.fill(f32::NAN);
+                continue;
+            }
+            let s = fp8_act_scale(amax);
+            for v in b.iter_mut() {
+                *v = e4m3_round(*v / s) * s;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +144,97 @@ mod tests {
         assert_eq!(qx.d[0], 0.0);
         assert!(qx.q[..32].iter().all(|&v| v == 0));
         assert!(qx.d[1].is_nan());
+    }
+
+    /// Every finite E4M3 value, from the checkpoint decoder (an independent definition).
+    fn e4m3_values() -> Vec<(f32, u8)> {
+        (0u8..=255)
+            .map(|b| (crate::dtype::e4m3_to_f32(b), b))
+            .filter(|(v, _)| v.is_finite())
+            .collect()
+    }
+
+    /// Nearest E4M3 by search; ties go to the even code (mantissa LSB 0).
+    fn e4m3_nearest(v: f32) -> f32 {
+        let c = v.clamp(-448.0, 448.0) as f64;
+        let mut best = (f64::INFINITY, 0f32, 0u8);
+        for (w, b) in e4m3_values() {
+            let d = (w as f64 - c).abs();
+            if d < best.0 || (d == best.0 && b & 1 == 0 && best.2 & 1 == 1) {
+                best = (d, w, b);
+            }
+        }
+        if best.1 == 0.0 {
+            0f32.copysign(v)
+        } else {
+            best.1
+        }
+    }
+
+    #[test]
+    fn e4m3_round_matches_a_search_over_every_value_and_every_tie() {
+        let vals = e4m3_values();
+        let mut probes = vec![0.0f32, -0.0, 1e-9, 448.0, 449.0, 464.0, 1e6, -1e6];
+        for &(a, _) in &vals {
+            for &(b, _) in &vals {
+                // every value, every midpoint between neighbours (the ties), and just off them
+                if a < b && vals.iter().all(|&(w, _)| w <= a || w >= b) {
+                    let m = (a + b) / 2.0;
+                    probes.extend([a, b, m, m.next_up(), m.next_down()]);
+                }
+            }
+        }
+        for v in probes {
+            let got = e4m3_round(v);
+            let want = e4m3_nearest(v);
+            assert!(
+                got.to_bits() == want.to_bits(),
+                "e4m3_round({v:e}) = {got:e}, nearest is {want:e}"
+            );
+        }
+        assert!(e4m3_round(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn fp8_act_scale_is_the_smallest_power_of_two_within_448() {
+        for amax in [1e-4f32, 0.3, 1.0, 447.0, 448.0, 448.1, 896.0, 1e5] {
+            let s = fp8_act_scale(amax);
+            let r = amax * (1.0 / 448.0);
+            assert_eq!(s.log2().fract(), 0.0, "power of two for {amax}");
+            assert!(s >= r && s / 2.0 < r, "amax {amax}: scale {s}");
+        }
+        // the floor: a zero block gets the scale of amax 1e-4 and stays zero
+        assert_eq!(fp8_act_scale(0.0), fp8_act_scale(1e-4));
+        assert_eq!(fp8_act_scale(448.0), 1.0);
+        assert_eq!(fp8_act_scale(448.5), 2.0);
+    }
+
+    #[test]
+    fn fp8_act_qdq_rounds_each_128_block_with_its_own_scale() {
+        // 2 rows of 300 columns: blocks 128, 128 and a partial 44
+        let cols = 300;
+        let x: Vec<f32> = (0..2 * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * if i % 300 < 128 { 1e-3 } else { 3.7 })
+            .collect();
+        let mut y = x.clone();
+        fp8_act_qdq(&mut y, cols);
+        for r in 0..2 {
+            for (b0, b1) in [(0, 128), (128, 256), (256, 300)] {
+                let blk = &x[r * cols + b0..r * cols + b1];
+                let s = fp8_act_scale(blk.iter().fold(0f32, |m, v| m.max(v.abs())));
+                for c in b0..b1 {
+                    let v = x[r * cols + c];
+                    assert_eq!(y[r * cols + c], e4m3_nearest(v / s) * s, "row {r} col {c}");
+                }
+            }
+        }
+        let mut z = vec![0f32; 128];
+        fp8_act_qdq(&mut z, 128);
+        assert!(z.iter().all(|&v| v == 0.0));
+        let mut w = vec![1f32; 256];
+        w[200] = f32::INFINITY;
+        fp8_act_qdq(&mut w, 256);
+        assert!(w[..128].iter().all(|&v| v == 1.0));
+        assert!(w[128..].iter().all(|v| v.is_nan()));
     }
 }
