@@ -12,7 +12,7 @@
 //!
 //! Every available tier, on 1 thread and on all threads. Short by design (10 samples).
 
-use _core::kernels::{fma_probe, matmul_tier, MatRef, Tier, Weights};
+use _core::kernels::{fma_probe, matmul_q8_tier, matmul_tier, MatRef, Tier, Weights};
 use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
 use rayon::prelude::*;
 use std::hint::black_box;
@@ -41,7 +41,7 @@ impl Rng {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Fp8,
     Fp4,
@@ -186,6 +186,18 @@ fn decode(c: &mut Criterion) {
                         black_box(&y);
                     })
                 });
+                if kind == Kind::Fp4 {
+                    // fast numerics: int8 activations
+                    let id = BenchmarkId::new(name, format!("{}-fast/{t}t", tier.name()));
+                    g.bench_function(id, |b| {
+                        b.iter(|| {
+                            i = (i + 1) % mats.len();
+                            pool.install(|| matmul_q8_tier(tier, &mats[i], 0..rows, &x, 1, &mut y))
+                                .unwrap();
+                            black_box(&y);
+                        })
+                    });
+                }
             }
         }
     }
@@ -239,6 +251,19 @@ fn prefill(c: &mut Criterion) {
                             black_box(&y);
                         })
                     });
+                    if kind == Kind::Fp4 {
+                        let id = BenchmarkId::new(
+                            format!("{kname}_{rows}x{cols}_n{n}"),
+                            format!("{}-fast/{t}t", tier.name()),
+                        );
+                        g.bench_function(id, |b| {
+                            b.iter(|| {
+                                pool.install(|| matmul_q8_tier(tier, &m, 0..rows, &x, n, &mut y))
+                                    .unwrap();
+                                black_box(&y);
+                            })
+                        });
+                    }
                 }
             }
         }
