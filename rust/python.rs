@@ -3,6 +3,7 @@
 //! Ctrl-C), and maps `Error` to Python exceptions in one place.
 
 use crate::error::Error;
+use crate::kernels::Numerics;
 use crate::model::generate::{Generation, Session as CoreSession, Snapshot as CoreSnapshot};
 use crate::model::sample::SampleParams;
 use crate::model::{LoadOptions, Model as CoreModel, Want};
@@ -108,7 +109,14 @@ fn load_options(
     io: &str,
     policy: &str,
     io_threads: usize,
+    numerics: &str,
 ) -> PyResult<LoadOptions> {
+    let numerics = Numerics::from_name(numerics).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "numerics must be {}, got {numerics:?}",
+            Numerics::names()
+        ))
+    })?;
     let io = IoMode::parse(io).ok_or_else(|| {
         PyValueError::new_err(format!("io must be direct, buffered or mmap, got {io:?}"))
     })?;
@@ -126,6 +134,7 @@ fn load_options(
         io_threads,
         expert_cache_bytes,
         ctx,
+        numerics,
     })
 }
 
@@ -229,7 +238,7 @@ struct PyModel {
 #[pymethods]
 impl PyModel {
     #[staticmethod]
-    #[pyo3(signature = (path, threads=None, expert_cache_bytes=None, ctx=None, ram_bytes=None, io="direct", policy="freq-decay", io_threads=8))]
+    #[pyo3(signature = (path, threads=None, expert_cache_bytes=None, ctx=None, ram_bytes=None, io="direct", policy="freq-decay", io_threads=8, numerics="exact"))]
     #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
@@ -241,6 +250,7 @@ impl PyModel {
         io: &str,
         policy: &str,
         io_threads: usize,
+        numerics: &str,
     ) -> PyResult<PyModel> {
         let opts = load_options(
             threads,
@@ -250,6 +260,7 @@ impl PyModel {
             io,
             policy,
             io_threads,
+            numerics,
         )?;
         let m = run_cancellable(py, |c| {
             CoreModel::load_cancellable(&path, &opts, &|| c.load(Ordering::Relaxed))
@@ -269,6 +280,12 @@ impl PyModel {
         } else {
             self.inner.experts.mode.name()
         }
+    }
+
+    /// The numerics mode ("exact" or "fast").
+    #[getter]
+    fn numerics(&self) -> &'static str {
+        self.inner.numerics.name()
     }
 
     #[getter]
@@ -357,6 +374,7 @@ impl PyModel {
         d.set_item("io_uring_interrupts", ld(&e.uring_interrupts))?;
         d.set_item("direct_io", m.experts.direct_io())?;
         d.set_item("kernel_tier", crate::kernels::tier_name())?;
+        d.set_item("numerics", m.numerics.name())?;
         let (kns, kflops) = crate::kernels::kernel_counters();
         d.set_item("kernel_s", kns as f64 * 1e-9)?;
         d.set_item("kernel_gflop", kflops as f64 * 1e-9)?;
@@ -525,6 +543,9 @@ impl PyStream {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("V4FlashError", m.py().get_type::<V4FlashError>())?;
+    // the numerics modes `Model.load` accepts, in the core's order (exact first)
+    let numerics: Vec<&str> = Numerics::ALL.iter().map(|n| n.name()).collect();
+    m.add("NUMERICS", pyo3::types::PyTuple::new(m.py(), numerics)?)?;
     m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;

@@ -11,6 +11,7 @@ import numpy.typing as npt
 __all__ = [
     "__version__",
     "V4FlashError",
+    "NUMERICS",
     "kernel_tier",
     "open_checkpoint",
     "plan",
@@ -26,6 +27,7 @@ __all__ = [
 _Path = str | PathLike[str]
 
 __version__: str
+NUMERICS: tuple[str, ...]
 
 class V4FlashError(Exception):
     """A checkpoint or config that v4flash cannot use."""
@@ -54,10 +56,13 @@ class Model:
         io: str = "direct",
         policy: str = "freq-decay",
         io_threads: int = 8,
+        numerics: str = "exact",
     ) -> Model: ...
     def plan(self) -> dict[str, int]: ...
     @property
     def io_mode(self) -> str: ...
+    @property
+    def numerics(self) -> str: ...
     @property
     def policy(self) -> str: ...
     def logits(self, ids: Sequence[int]) -> npt.NDArray[np.float32]: ...

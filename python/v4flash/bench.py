@@ -31,6 +31,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._core import NUMERICS
+
 GB = 1e9
 PROMPT_TEXT = (
     "DeepSeek V4 Flash is a mixture-of-experts language model. Each token is routed to six of "
@@ -420,6 +422,7 @@ def run_bench(
         "model": str(path),
         "layers": cfg.num_hidden_layers,
         "kernel_tier": s2.get("kernel_tier"),
+        "numerics": s2.get("numerics"),
         "threads": s2.get("threads"),
         "ram_gb": ram_gb,
         "expert_cache_mb": expert_cache_mb,
@@ -527,7 +530,7 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
     fma = r.get("fma_peak_gflops")
     rows = [
         ("model", f"{r['model']} ({r['layers']} layers)"),
-        ("kernels / threads", f"{r['kernel_tier']} / {r['threads']}"),
+        ("kernels / numerics / threads", f"{r['kernel_tier']} / {r['numerics']} / {r['threads']}"),
         ("RAM budget / expert slots", f"{r['ram_gb']} GB / {r.get('expert_slots')}"),
         ("load", f"{r['load_s']:.2f} s"),
         (
@@ -751,6 +754,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--io", default=None, help="engine read path (direct/buffered/mmap)")
     p.add_argument("--policy", default=None, help="expert cache policy (freq-decay/lru)")
+    p.add_argument(
+        "--numerics", choices=list(NUMERICS), default=None, help="numerics mode (exact)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-machine", action="store_true", help="skip the bandwidth probes")
     p.add_argument("--no-fma", action="store_true", help="skip the FMA peak probe")
@@ -790,6 +796,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         load_kw["io"] = a.io
     if a.policy:
         load_kw["cache_policy"] = a.policy
+    if a.numerics:
+        load_kw["numerics"] = a.numerics
     run_bench(
         a.model,
         ram_gb=a.ram,

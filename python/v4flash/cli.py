@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from . import __version__, kernel_tier
+from . import NUMERICS, __version__, kernel_tier
 from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
     GB,
     MIB,
@@ -125,6 +125,14 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         choices=["freq-decay", "lru"],
         default="freq-decay",
         help="expert cache eviction policy",
+    )
+    g.add_argument(
+        "--numerics",
+        choices=list(NUMERICS),
+        default="exact",
+        help="exact: float32 activations (checked against the reference); fast: int8 "
+        "activations for the FP4 expert products; fp8-act: DeepSeek's FP8 activation round "
+        "trip, for measuring (see README, Numerics)",
     )
     g.add_argument(
         "--io-threads", type=_positive_int, default=8, metavar="N", help=argparse.SUPPRESS
@@ -296,13 +304,18 @@ def load_model(args: argparse.Namespace, path: Path):
     err = _err_console()
     # plan first: a budget that cannot work fails before anything is loaded
     plan = plan_summary(path, args.ram, ctx=args.ctx, expert_cache_mb=args.expert_cache_mb)
-    print(plan_line(plan, args.threads), file=sys.stderr)
+    print(plan_line(plan, args.threads, getattr(args, "numerics", "exact")), file=sys.stderr)
     cache_mb = args.expert_cache_mb
     if cache_mb is None and plan.get("source") == "estimate" and args.ram is not None:
         cache_mb = max(plan["cache_bytes"], 1) / MIB  # an engine without its own planner
     t0 = time.perf_counter()
     kw: Dict[str, Any] = dict(threads=args.threads, expert_cache_mb=cache_mb, ctx=args.ctx)
-    for opt, key in (("io", "io"), ("cache_policy", "cache_policy"), ("io_threads", "io_threads")):
+    for opt, key in (
+        ("io", "io"),
+        ("cache_policy", "cache_policy"),
+        ("io_threads", "io_threads"),
+        ("numerics", "numerics"),
+    ):
         if getattr(args, opt, None) is not None:
             kw[key] = getattr(args, opt)
     if plan.get("source") == "engine":
@@ -459,6 +472,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         doc = {
             "model": str(path),
             "demo": demo,
+            "numerics": model.numerics,
             "prompt_ids": result.prompt_ids,
             "ids": result.ids,
             "text": result.text,

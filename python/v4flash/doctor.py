@@ -437,7 +437,7 @@ def plan_summary(
     return d
 
 
-def plan_line(plan: Dict[str, Any], threads: Optional[int]) -> str:
+def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exact") -> str:
     budget = plan.get("budget_bytes")
     frac = plan["slots"] / plan["total_experts"] if plan.get("total_experts") else 0
     avail = plan.get("available_bytes")
@@ -449,7 +449,7 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int]) -> str:
         f"plan: RAM budget {ram} · resident "
         f"{_gb(plan['dense_bytes'])} · expert cache {_gb(plan['cache_bytes'])} "
         f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · kernels "
-        f"{kernel_tier()} · {threads or os.cpu_count() or 1} threads"
+        f"{kernel_tier()} · {numerics} numerics · {threads or os.cpu_count() or 1} threads"
     )
 
 

@@ -203,6 +203,11 @@ class Model:
     def cache_policy(self) -> str:
         return self._core.policy
 
+    @property
+    def numerics(self) -> str:
+        """``exact`` or ``fast`` (see ``load``)."""
+        return self._core.numerics
+
     def stats(self) -> Dict[str, Any]:
         """Counters: tokens, timings, expert cache figures."""
         d = dict(self._core.stats())
@@ -308,6 +313,7 @@ def load(
     io: str = "direct",
     cache_policy: str = "freq-decay",
     io_threads: int = 8,
+    numerics: str = "exact",
 ) -> Model:
     """Validates the checkpoint at ``path`` and loads its dense part.
 
@@ -315,9 +321,13 @@ def load(
     between dense weights, session state, scratch and the expert cache; default: available
     memory minus a margin); ``expert_cache_mb`` sizes the routed-expert cache directly;
     ``threads`` defaults to all cores; ``ctx`` caps the tokens per session (default: the
-    model's maximum). ``io`` is ``direct`` (O_DIRECT/F_NOCACHE where the OS allows it, else
-    buffered), ``buffered`` (the portable pread path) or ``mmap``; ``cache_policy`` is
-    ``freq-decay`` or ``lru``.
+    smaller of the model's maximum and 65,536). ``io`` is ``direct`` (O_DIRECT/F_NOCACHE
+    where the OS allows it, else buffered), ``buffered`` (the portable pread path) or
+    ``mmap``; ``cache_policy`` is ``freq-decay`` or ``lru``. ``numerics`` is one of
+    ``NUMERICS``: ``exact`` (float32 activations, the mode checked against the reference),
+    ``fast`` (int8 activations per 32-column block for the FP4 expert products) or
+    ``fp8-act`` (DeepSeek's FP8 activation round trip before every FP8/FP4 product, a
+    yardstick); ``benches/fidelity.py`` measures how far each moves the output.
     """
     p = Path(path)
     config = load_config(p)
@@ -335,5 +345,6 @@ def load(
         io=io,
         policy=cache_policy,
         io_threads=io_threads,
+        numerics=numerics,
     )
     return Model(core, config, p)

@@ -7,7 +7,7 @@ use super::compressor::{CompState, CompressorWeights};
 use super::rope::Rope;
 use super::weights::Linear;
 use crate::config::{LayerKind, ModelConfig};
-use crate::kernels::ops;
+use crate::kernels::{ops, Numerics};
 use rayon::prelude::*;
 
 pub struct IndexerWeights {
@@ -53,6 +53,9 @@ pub struct Ctx<'a> {
     pub cfg: &'a ModelConfig,
     pub rope_main: &'a Rope,
     pub rope_comp: &'a Rope,
+    /// How the FP8 projections meet their inputs (`wo_a` always runs exact: DeepSeek's
+    /// reference computes it in BF16, without activation quantization).
+    pub numerics: Numerics,
 }
 
 impl AttnWeights {
@@ -76,11 +79,11 @@ impl AttnWeights {
         };
 
         // q path: [n, q_lora] → [n, NH·D]
-        let mut qr = self.wq_a.forward(x, n);
+        let mut qr = self.wq_a.forward_in(cx.numerics, x, n);
         for r in qr.chunks_exact_mut(c.q_lora_rank) {
             ops::rms_norm(r, &self.q_norm, eps);
         }
-        let mut q = self.wq_b.forward(&qr, n);
+        let mut q = self.wq_b.forward_in(cx.numerics, &qr, n);
         for (t, qt) in q.chunks_exact_mut(nh * d).enumerate() {
             for head in qt.chunks_exact_mut(d) {
                 ops::rms_norm_unweighted(head, eps);
@@ -88,7 +91,7 @@ impl AttnWeights {
             rope.apply(qt, d, pos0 + t, 1.0);
         }
         // kv: [n, D]
-        let mut kv = self.wkv.forward(x, n);
+        let mut kv = self.wkv.forward_in(cx.numerics, x, n);
         for (t, k) in kv.chunks_exact_mut(d).enumerate() {
             ops::rms_norm(k, &self.kv_norm, eps);
             rope.apply(k, d, pos0 + t, 1.0);
@@ -166,7 +169,7 @@ impl AttnWeights {
                     .copy_from_slice(&y[t * r..(t + 1) * r]);
             }
         }
-        let out = self.wo_b.forward(&z, n);
+        let out = self.wo_b.forward_in(cx.numerics, &z, n);
 
         // keep the last W-1 tokens for the next call
         let total = prev + n;
@@ -190,7 +193,7 @@ impl AttnWeights {
         let c = cx.cfg;
         let (ih, id) = (c.index_n_heads, c.index_head_dim);
         ix.comp.push(st, x, n, cx.rope_comp, c.rms_norm_eps);
-        let mut qi = ix.wq_b.forward(qr, n); // [n, IH·ID]
+        let mut qi = ix.wq_b.forward_in(cx.numerics, qr, n); // [n, IH·ID]
         for (t, qt) in qi.chunks_exact_mut(ih * id).enumerate() {
             cx.rope_comp.apply(qt, id, pos0 + t, 1.0);
         }

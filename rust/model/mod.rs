@@ -15,7 +15,7 @@ pub mod weights;
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-use crate::kernels::ops;
+use crate::kernels::{ops, Numerics};
 use crate::plan::Plan;
 use crate::store::io::IoMode;
 use crate::store::policy::Policy;
@@ -68,6 +68,8 @@ pub struct LoadOptions {
     pub expert_cache_bytes: Option<u64>,
     /// Context length (tokens per session); defaults to min(max_position_embeddings, DEFAULT_CTX).
     pub ctx: Option<usize>,
+    /// How activations meet the weights (`kernels::Numerics`).
+    pub numerics: Numerics,
 }
 
 pub struct Model {
@@ -88,6 +90,8 @@ pub struct Model {
     rope_comp: Rope,
     pub experts: ExpertStore,
     pub plan: Plan,
+    /// Numerics mode of every forward pass.
+    pub numerics: Numerics,
     pub pool: rayon::ThreadPool,
     pub threads: usize,
     /// Maximum tokens per session.
@@ -192,6 +196,7 @@ impl Model {
             pool,
             threads,
             ctx,
+            numerics: opts.numerics,
             resident_bytes,
             counters: Counters::default(),
             id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
@@ -314,6 +319,7 @@ impl Model {
             cfg: c,
             rope_main: &self.rope_main,
             rope_comp: &self.rope_comp,
+            numerics: self.numerics,
         };
         // The hash layers' experts are known from the token ids: start reading them now.
         self.experts.next_token(n as u64);
@@ -341,7 +347,9 @@ impl Model {
                 self.hc_in(&layer.hc_ffn, &layer.ffn_norm, &x, n)
             });
             let t0 = Instant::now();
-            let f = layer.moe.forward(c, l, &self.experts, pool, &xin, ids, n)?;
+            let f = layer
+                .moe
+                .forward(c, l, &self.experts, pool, self.numerics, &xin, ids, n)?;
             self.counters
                 .moe_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -551,6 +559,7 @@ impl Default for LoadOptions {
             io_threads: 8,
             expert_cache_bytes: None,
             ctx: None,
+            numerics: Numerics::Exact,
         }
     }
 }

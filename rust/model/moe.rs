@@ -7,7 +7,7 @@
 use super::weights::Linear;
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::kernels::{self, ops, MatRef};
+use crate::kernels::{self, ops, MatRef, Numerics};
 use crate::store::ExpertStore;
 
 pub struct MoeWeights {
@@ -38,9 +38,9 @@ fn swiglu(g: &mut [f32], u: &[f32], limit: f32) {
     }
 }
 
-fn mm(m: &MatRef, x: &[f32], n: usize) -> Vec<f32> {
+fn mm(m: &MatRef, x: &[f32], n: usize, numerics: Numerics) -> Vec<f32> {
     let mut y = vec![0f32; n * m.rows];
-    kernels::matmul(m, 0..m.rows, x, n, &mut y);
+    kernels::matmul_in(numerics, m, 0..m.rows, x, n, &mut y);
     y
 }
 
@@ -116,6 +116,7 @@ impl MoeWeights {
         layer: usize,
         store: &ExpertStore,
         pool: &rayon::ThreadPool,
+        numerics: Numerics,
         y: &[f32],
         ids: &[u32],
         n: usize,
@@ -133,9 +134,14 @@ impl MoeWeights {
         }
         let distinct: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
         let mut outs: Vec<Vec<f32>> = vec![Vec::new(); ne];
+        let mut shared = None;
         for wave in distinct.chunks(store.max_batch().max(1)) {
             // holds no pins here: the previous wave's were dropped at the end of its loop
             let mut pins = store.acquire(layer, wave)?;
+            if shared.is_none() {
+                // the first wave's reads are in flight: compute the shared expert meanwhile
+                shared = Some(pool.install(|| self.shared(c, numerics, y, n)));
+            }
             while let Some(i) = store.wait_any(&mut pins)? {
                 let e = pins[i].expert;
                 let ex = store.view(&pins[i])?;
@@ -146,24 +152,37 @@ impl MoeWeights {
                     for (j, &(t, _)) in us.iter().enumerate() {
                         xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
                     }
-                    let mut g = mm(&ex.w1(), &xe, m);
-                    let u = mm(&ex.w3(), &xe, m);
+                    let mut g = mm(&ex.w1(), &xe, m, numerics);
+                    let u = mm(&ex.w3(), &xe, m, numerics);
                     swiglu(&mut g, &u, c.swiglu_limit);
-                    mm(&ex.w2(), &g, m) // [m, H]
+                    mm(&ex.w2(), &g, m, numerics) // [m, H]
                 });
             }
         }
-        Ok(pool.install(|| self.combine(c, &distinct, &users, &outs, y, n)))
+        let shared = match shared {
+            Some(s) => s,
+            None => pool.install(|| self.shared(c, numerics, y, n)),
+        };
+        Ok(pool.install(|| self.combine(c, &distinct, &users, &outs, &shared, n)))
     }
 
-    /// Routed outputs summed per token in ascending expert order, plus the shared expert.
+    /// The shared expert's output [n, H] for y [n, H].
+    fn shared(&self, c: &ModelConfig, numerics: Numerics, y: &[f32], n: usize) -> Vec<f32> {
+        let mut g = self.sw1.forward_in(numerics, y, n);
+        let u = self.sw3.forward_in(numerics, y, n);
+        swiglu(&mut g, &u, c.swiglu_limit);
+        self.sw2.forward_in(numerics, &g, n)
+    }
+
+    /// Routed outputs summed per token in ascending expert order, plus the shared expert's
+    /// `shared` [n, H].
     fn combine(
         &self,
         c: &ModelConfig,
         distinct: &[usize],
         users: &[Vec<(usize, f32)>],
         outs: &[Vec<f32>],
-        y: &[f32],
+        shared: &[f32],
         n: usize,
     ) -> Vec<f32> {
         let h = c.hidden_size;
@@ -185,12 +204,7 @@ impl MoeWeights {
                 }
             }
         }
-        // shared expert
-        let mut g = self.sw1.forward(y, n);
-        let u = self.sw3.forward(y, n);
-        swiglu(&mut g, &u, c.swiglu_limit);
-        let shared = self.sw2.forward(&g, n);
-        for (r, s) in routed.iter_mut().zip(&shared) {
+        for (r, s) in routed.iter_mut().zip(shared) {
             *r += s;
         }
         routed

@@ -4,7 +4,7 @@
 use crate::checkpoint::{Checkpoint, TensorInfo};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::{self, MatRef, Weights};
+use crate::kernels::{self, MatRef, Numerics, Weights};
 use std::ops::Range;
 
 /// A resident weight matrix [rows, cols] in its checkpoint format.
@@ -38,6 +38,13 @@ impl Linear {
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0f32; n * self.rows];
         kernels::matmul(&self.mat(), 0..self.rows, x, n, &mut y);
+        y
+    }
+
+    /// `forward` in the given numerics (`kernels::matmul_in`).
+    pub fn forward_in(&self, numerics: Numerics, x: &[f32], n: usize) -> Vec<f32> {
+        let mut y = vec![0f32; n * self.rows];
+        kernels::matmul_in(numerics, &self.mat(), 0..self.rows, x, n, &mut y);
         y
     }
 
