@@ -108,7 +108,7 @@ def test_real_model_sizes_and_prediction():
     m = bench.real_model_bytes()
     assert m["expert_bytes"] == 13_369_344
     dense_no_head = m["dense_resident_bytes"] - 129280 * 4096 * 2
-    assert dense_no_head / 2**30 == pytest.approx(6.3, abs=0.1)  # real-checkpoint.md
+    assert dense_no_head / 2**30 == pytest.approx(6.3, abs=0.1)  # docs/checkpoint.md §5
     rows = bench.predict_table(mem_gbs=50)
     assert len(rows) == 12
     by = {(r["ram_gb"], r["disk_gbs"]): r for r in rows}

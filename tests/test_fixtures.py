@@ -19,7 +19,7 @@ import pytest
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 FIXTURES = ["tiny-a", "tiny-b"]
 
-# Every key of the published config.json (docs/real-checkpoint.md).
+# Every key of the published config.json (docs/checkpoint.md §2.1).
 REAL_CONFIG_KEYS = {
     "architectures",
     "attention_bias",

@@ -1,7 +1,7 @@
-//! Shared-KV multi-query attention for the three layer kinds (spec §3): the low-rank query
-//! path, the sliding window, the compressed entries (HCA: all visible ones; CSA: the
-//! lightning indexer's top-k of them), per-head sinks, output de-rotation and the grouped
-//! output projection.
+//! Shared-KV multi-query attention for the three layer kinds (docs/model.md §3): the
+//! low-rank query path, the sliding window, the compressed entries (HCA: all visible ones;
+//! CSA: the lightning indexer's top-k of them), per-head sinks, output de-rotation and the
+//! grouped output projection.
 
 use super::compressor::{CompState, CompressorWeights};
 use super::rope::Rope;

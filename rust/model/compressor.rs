@@ -1,4 +1,4 @@
-//! KV compressors (spec §3.5–3.7, §3.9). Raw projections of the tokens of the current
+//! KV compressors (docs/model.md §3.5–3.7, §3.9). Raw projections of the tokens of the current
 //! incomplete window wait in a pending buffer; when `ratio` tokens are there, the window is
 //! pooled (a per-channel softmax over its slots of gate + position bias), normed, roped at
 //! the window's first position and appended as one compressed entry. Pooling the stored raw

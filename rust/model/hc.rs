@@ -1,6 +1,6 @@
 //! Manifold-constrained hyper-connections: the residual is `hc` parallel streams; each block
 //! collapses them with `pre` weights, and writes back `post ⊗ out + combᵀ · X` where comb is
-//! Sinkhorn-normalised (spec §2.2), computed in f32 exactly in transformers' order.
+//! Sinkhorn-normalised (docs/model.md §2.2), computed in f32 exactly in transformers' order.
 
 use crate::kernels::ops;
 

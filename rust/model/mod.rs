@@ -1,6 +1,6 @@
 //! The DeepSeek V4 Flash model: resident weights, the expert store, and the forward pass
-//! over a chunk of tokens (spec §2–§5). Prefill and decode run the same code; prefill just
-//! passes more tokens per call.
+//! over a chunk of tokens (docs/model.md §2–§5). Prefill and decode run the same code;
+//! prefill just passes more tokens per call.
 
 pub mod attention;
 pub mod compressor;

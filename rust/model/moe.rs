@@ -1,8 +1,9 @@
-//! The MoE block (spec §4): sqrt-softplus router (bias only for the selection, renormalised
-//! weights × routed_scaling_factor), hash routing by `tid2eid[token]` on the first layers,
-//! SwiGLU experts with the clamps, and the shared expert. Each selected expert is applied
-//! once per chunk to all the tokens that chose it; per token, experts add up in ascending
-//! expert order whatever the chunking, so results do not depend on how tokens are batched.
+//! The MoE block (docs/model.md §4): sqrt-softplus router (bias only for the selection,
+//! renormalised weights × routed_scaling_factor), hash routing by `tid2eid[token]` on the
+//! first layers, SwiGLU experts with the clamps, and the shared expert. Each selected expert
+//! is applied once per chunk to all the tokens that chose it; per token, experts add up in
+//! ascending expert order whatever the chunking, so results do not depend on how tokens are
+//! batched.
 
 use super::weights::Linear;
 use crate::config::ModelConfig;
