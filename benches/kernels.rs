@@ -229,7 +229,9 @@ fn prefill(c: &mut Criterion) {
     for (kname, kind) in [("fp8", Kind::Fp8), ("fp4", Kind::Fp4)] {
         let o = make(kind, rows, cols, 3);
         let m = mat(kind, rows, cols, &o);
-        for n in [64usize, 512] {
+        // n = 6: what one routed expert sees in a ~256-token prefill chunk (6 of 256 experts
+        // per token), the batch size that dominates expert compute below thousands of tokens
+        for n in [6usize, 64, 512] {
             let x: Vec<f32> = (0..n * cols)
                 .map(|i| (i % 11) as f32 * 0.05 - 0.25)
                 .collect();

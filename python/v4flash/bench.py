@@ -754,9 +754,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--io", default=None, help="engine read path (direct/buffered/mmap)")
     p.add_argument("--policy", default=None, help="expert cache policy (freq-decay/lru)")
-    p.add_argument(
-        "--numerics", choices=list(NUMERICS), default=None, help="numerics mode (exact)"
-    )
+    p.add_argument("--numerics", choices=list(NUMERICS), default=None, help="numerics mode (exact)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-machine", action="store_true", help="skip the bandwidth probes")
     p.add_argument("--no-fma", action="store_true", help="skip the FMA peak probe")
