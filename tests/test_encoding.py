@@ -444,6 +444,21 @@ def test_parse_plain_and_thinking():
     assert (got["reasoning_content"], got["content"]) == ("Let me think", "Answer")
 
 
+def test_parse_thinking_drops_a_leading_think_tag():
+    # the prompt ends with <think>; a caller that passes it along gets the same split
+    got = parse_completion("<think>hmm</think>Answer", thinking_mode="thinking")
+    assert (got["reasoning_content"], got["content"]) == ("hmm", "Answer")
+    got = parse_completion(f"<think>hmm</think>Answer{EOS}", thinking_mode="thinking", strict=True)
+    assert (got["reasoning_content"], got["content"]) == ("hmm", "Answer")
+    got = parse_completion("<think>still thinking", thinking_mode="thinking")
+    assert (got["reasoning_content"], got["content"]) == ("still thinking", "")
+    # only the opening tag of the reasoning: a <think> later in the text stays text
+    got = parse_completion("a <think> b</think>c", thinking_mode="thinking")
+    assert got["reasoning_content"] == "a <think> b"
+    # chat mode has no reasoning: the text is content as it stands
+    assert parse_completion("<think>x", thinking_mode="chat")["content"] == "<think>x"
+
+
 def test_parse_lenient_vs_strict():
     assert parse_completion("cut sho", thinking_mode="chat")["content"] == "cut sho"
     got = parse_completion("still thinking", thinking_mode="thinking")

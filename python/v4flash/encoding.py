@@ -649,7 +649,8 @@ def parse_completion(text: str, *, thinking_mode: str, strict: bool = False) -> 
     Returns ``{"role": "assistant", "content", "reasoning_content", "tool_calls"}`` with
     ``tool_calls`` in OpenAI format (``arguments`` a JSON string, built as the official parser
     does: string parameters JSON-quoted, others copied verbatim). In thinking mode the reasoning
-    is the text up to ``</think>``. A trailing EOS is stripped.
+    is the text up to ``</think>``; a leading ``<think>`` (the prompt's last token, when the
+    caller passes it along) is not part of it. A trailing EOS is stripped.
 
     ``strict=True`` enforces the official parser's checks (``</think>`` present in thinking
     mode, EOS present, no control-token text left in content or reasoning). The default is
@@ -664,7 +665,8 @@ def parse_completion(text: str, *, thinking_mode: str, strict: bool = False) -> 
     tc_start = "\n\n" + f"<{DSML}tool_calls"
     reasoning, index, tool_calls = "", 0, []
     if thinking_mode == "thinking":
-        index, reasoning, stop = _read_until(text, 0, [END_THINK, tc_start])
+        start = len(THINK) if text.startswith(THINK) else 0
+        index, reasoning, stop = _read_until(text, start, [END_THINK, tc_start])
         if stop != END_THINK:
             if strict:
                 raise ValueError("invalid thinking output: missing </think>")
