@@ -12,13 +12,19 @@ use crate::model::DEFAULT_CTX;
 pub const OVERHEAD_BYTES: u64 = 400 << 20;
 /// Tokens per prefill chunk (bounds the scratch buffers).
 pub const PREFILL_CHUNK_MIN: usize = 256;
-/// The largest prefill chunk. Each chunk reads every routed expert it needs once per layer,
-/// so a prompt of up to this many tokens reads each needed expert once per layer whatever
-/// the cache size; beyond it, once per chunk. Activations cost about 1 MB per token of
-/// chunk for V4 Flash (next to 13 MB per expert), so the plan sizes the chunk from the
-/// budget: the largest power of two up to this that takes at most a quarter of what would
-/// otherwise go to the expert cache.
+/// The largest prefill chunk: the tokens whose attention runs in one pass, and what the
+/// scratch buffers are sized for. Activations cost about 1 MB per token of chunk for V4 Flash
+/// (next to 13 MB per expert), so the plan sizes the chunk from the budget: the largest power
+/// of two up to this that takes at most a quarter of what would otherwise go to the expert
+/// cache. Expert reads are bounded by the span (`PREFILL_SPAN_MAX`), not the chunk.
 pub const PREFILL_CHUNK_MAX: usize = 4096;
+/// The most prompt tokens prefilled layer by layer in one pass (a "span"). A span runs each
+/// layer's attention over its tokens chunk by chunk, then that layer's MoE over all of the
+/// span's tokens at once, so every routed expert is read at most once per layer per span,
+/// whatever the cache size. It keeps the span's hidden streams and MoE buffers (about
+/// 0.28 MB per token for V4 Flash), sized like the chunk: the largest power of two from the
+/// chunk up to this, whose memory takes at most another quarter of the experts' room.
+pub const PREFILL_SPAN_MAX: usize = 16384;
 
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -35,6 +41,10 @@ pub struct Plan {
     pub scratch_bytes: u64,
     /// Tokens per prefill chunk (what `scratch_bytes` is sized for).
     pub prefill_chunk: usize,
+    /// Tokens prefilled layer by layer in one pass (>= `prefill_chunk`; see
+    /// `PREFILL_SPAN_MAX`), and the memory that takes beyond one chunk's scratch.
+    pub prefill_span: usize,
+    pub span_bytes: u64,
     pub overhead_bytes: u64,
     /// Bytes of one expert cache slot (an expert plus alignment padding).
     pub slot_bytes: u64,
@@ -53,6 +63,7 @@ impl Plan {
         self.dense_bytes
             .saturating_add(self.state_bytes)
             .saturating_add(self.scratch_bytes)
+            .saturating_add(self.span_bytes)
             .saturating_add(self.overhead_bytes)
             .saturating_add(self.cache_bytes())
     }
@@ -152,6 +163,20 @@ fn scratch(c: &ModelConfig, chunk: usize) -> Option<u64> {
     n.checked_mul(per_tok)?
         .checked_add(u(c.vocab_size).checked_mul(2)?)?
         .checked_mul(4)
+}
+
+/// Bytes per token of a prefill span beyond its chunk's scratch: the hyper-connection streams
+/// [hc, H] and the MoE block's buffers for every token of the span (its input and mixes, the
+/// routed and shared sums, the routed outputs of the k experts, and one expert's batch).
+pub fn span_bytes_per_token(c: &ModelConfig) -> Option<u64> {
+    let u = |x: usize| x as u64;
+    let h = u(c.hidden_size);
+    let floats = u(c.hc_mult)
+        .checked_add(u(c.experts_per_tok))?
+        .checked_add(6)?
+        .checked_mul(h)?
+        .checked_add(u(c.moe_inter).checked_mul(2)?)?;
+    floats.checked_mul(4)
 }
 
 pub fn plan(
@@ -264,6 +289,20 @@ pub fn plan(
         spent += extra;
         (chunk, scratch, fixed, room) = (chunk * 2, s2, fixed + extra, room - extra);
     }
+    // Then a longer span (layer by layer over several chunks), from another quarter.
+    let (mut span, mut span_bytes) = (chunk, 0u64);
+    if let Some(per_tok) = span_bytes_per_token(c) {
+        while span < PREFILL_SPAN_MAX && span < ctx {
+            let Some(b) = per_tok.checked_mul((span * 2 - chunk) as u64) else {
+                break;
+            };
+            if b > spare / 4 || b - span_bytes > room {
+                break;
+            }
+            (fixed, room) = (fixed + (b - span_bytes), room - (b - span_bytes));
+            (span, span_bytes) = (span * 2, b);
+        }
+    }
     let fit = usize::try_from(room / slot_bytes.max(1)).unwrap_or(usize::MAX);
     let mut slots = claimed.unwrap_or(fit.min(total_experts));
     if slots == 0 {
@@ -282,6 +321,8 @@ pub fn plan(
         state_bytes: state,
         scratch_bytes: scratch,
         prefill_chunk: chunk,
+        prefill_span: span,
+        span_bytes,
         overhead_bytes: OVERHEAD_BYTES,
         slot_bytes,
         slots,

@@ -147,6 +147,8 @@ fn plan_dict<'py>(py: Python<'py>, p: &Plan) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("state_bytes", p.state_bytes)?;
     d.set_item("scratch_bytes", p.scratch_bytes)?;
     d.set_item("prefill_chunk", p.prefill_chunk)?;
+    d.set_item("prefill_span", p.prefill_span)?;
+    d.set_item("span_bytes", p.span_bytes)?;
     d.set_item("overhead_bytes", p.overhead_bytes)?;
     d.set_item("slot_bytes", p.slot_bytes)?;
     d.set_item("slots", p.slots)?;

@@ -129,3 +129,57 @@ def test_prefill_chunk_follows_the_budget():
         c = x["prefill_chunk"]
         assert c >= 256 and c & (c - 1) == 0
         assert x["total_bytes"] <= x["budget_bytes"]
+
+
+def _span_plan_budget(ctx, extra):
+    """A RAM budget (GB) for tiny-a that leaves `extra` bytes beyond the smallest plan with a
+    one-slot cache, so the prefill chunk and span grow from that headroom."""
+    p = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=ctx)
+    s256 = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1, ctx=256)["scratch_bytes"]
+    base = p["total_bytes"] - p["cache_bytes"] - p["scratch_bytes"] - p["span_bytes"] + s256
+    return (base + extra) / 1e9
+
+
+def test_a_prefill_span_reads_each_expert_once_per_layer_whatever_its_chunks():
+    ram = _span_plan_budget(2048, 40e6)
+    m = v4flash.load(FIXTURES / "tiny-a", ram_gb=ram, ctx=2048, expert_cache_mb=0.02)
+    p = m.plan()
+    assert p["slots"] == 1 and p["prefill_chunk"] < p["prefill_span"] <= 2048, p
+    assert p["total_bytes"] <= p["budget_bytes"]
+    ids = [int(i) for i in np.random.default_rng(5).integers(2, 200, size=p["prefill_span"])]
+    s = m.session()
+    before = m.stats()
+    s.feed(ids)
+    after = m.stats()
+    reads = after["expert_misses"] - before["expert_misses"]
+    cfg = m.config
+    distinct_max = cfg.num_hidden_layers * cfg.n_routed_experts
+    # one slot: a chunk-by-chunk schedule reads every expert again for each chunk (here
+    # 2 chunks, ~2 x distinct_max reads)
+    assert 0 < reads <= distinct_max, (reads, distinct_max)
+    # and the result is the one of a plan that prefills the whole prompt as one chunk
+    roomy = v4flash.load(FIXTURES / "tiny-a", ram_gb=1, ctx=2048)
+    assert roomy.plan()["prefill_chunk"] >= len(ids)
+    r = roomy.session()
+    r.feed(ids)
+    assert np.array_equal(s.last_logits(), r.last_logits())
+
+
+def test_prefill_span_follows_the_budget_and_is_counted():
+    for extra in (8e6, 40e6, 120e6):
+        p = v4flash.plan(FIXTURES / "tiny-a", ram_gb=_span_plan_budget(2048, extra), ctx=2048)
+        c, s = p["prefill_chunk"], p["prefill_span"]
+        assert s >= c and s & (s - 1) == 0
+        assert (s == c) == (p["span_bytes"] == 0)
+        assert p["total_bytes"] <= p["budget_bytes"]
+        assert p["total_bytes"] == sum(
+            p[k]
+            for k in (
+                "dense_bytes",
+                "state_bytes",
+                "scratch_bytes",
+                "span_bytes",
+                "overhead_bytes",
+                "cache_bytes",
+            )
+        )

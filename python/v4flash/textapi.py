@@ -717,9 +717,9 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
         if j >= cached:
             cut = j + 1
         cut = max(cut, cached)
-        # pieces of the engine's own prefill chunk (each reads its experts once per layer);
+        # pieces of the engine's own prefill span (each reads its experts once per layer);
         # a cancellation is seen between pieces
-        step = model.plan().get("prefill_chunk", PREFILL_CHUNK)
+        step = model.plan().get("prefill_span", PREFILL_CHUNK)
         for at in range(cached, cut, step):
             if cancel():
                 yield "end", _end("cancelled", job, cached, [], 0, 0, t0, None, None, "")

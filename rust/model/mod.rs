@@ -273,22 +273,28 @@ impl Model {
         want: Want,
         cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<f32>> {
-        // chunks as large as the plan's scratch allows (each reads its experts once per layer)
-        let size = self.plan.prefill_chunk.max(1);
+        // spans as long as the plan allows (each reads its experts once per layer)
+        let size = self.plan.prefill_span.max(self.plan.prefill_chunk).max(1);
         let mut out = Vec::new();
-        let n_chunks = ids.len().div_ceil(size);
-        for (ci, chunk) in ids.chunks(size).enumerate() {
+        let n_spans = ids.len().div_ceil(size);
+        for (si, span) in ids.chunks(size).enumerate() {
             let w = match want {
                 Want::All => Want::All,
-                Want::Last if ci + 1 == n_chunks => Want::Last,
+                Want::Last if si + 1 == n_spans => Want::Last,
                 _ => Want::None,
             };
-            out.extend(self.forward_chunk(st, chunk, w, cancel)?);
+            out.extend(self.forward_span(st, span, w, cancel)?);
         }
         Ok(out)
     }
 
-    fn forward_chunk(
+    /// One span of tokens through every layer, layer by layer: a layer's attention runs over
+    /// the span in chunks of `plan.prefill_chunk` (each advancing that layer's state in
+    /// order), then its MoE over all of the span's tokens at once, so each routed expert is
+    /// read at most once per layer per span. Every token's result is bit-identical to any
+    /// other split (attention sees the same state; the kernels and the expert sum do not
+    /// depend on the batch).
+    fn forward_span(
         &self,
         st: &mut State,
         ids: &[u32],
@@ -329,31 +335,41 @@ impl Model {
                 self.experts.prefetch(l, &es[..es.len().min(cap)]);
             }
         }
+        let chunk = self.plan.prefill_chunk.max(1);
+        let stream = hcm * h;
         for (l, layer) in self.layers.iter().enumerate() {
-            if cancel() {
-                return Err(Error::Cancelled);
-            }
-            // attention block: X' = post ⊗ attn(norm(pre · X)) + combᵀ · X
+            // attention block, chunk by chunk: X' = post ⊗ attn(norm(pre · X)) + combᵀ · X;
+            // then the MoE block's input side for the same tokens
             let lst = &mut st.layers[l];
-            let (mixes, xin) = pool.install(|| {
-                let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, &x, n);
-                let t0 = Instant::now();
-                let a = layer.attn.forward(&cx, lst, &xin, n, pos0);
-                self.counters
-                    .attn_ns
-                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                hc_out(&mut x, &a, &mixes, hcm);
-                // MoE block, the same way around the experts
-                self.hc_in(&layer.hc_ffn, &layer.ffn_norm, &x, n)
-            });
+            let mut ffn_mixes = Vec::with_capacity(n);
+            let mut ffn_in = vec![0f32; n * h]; // [n, H]
+            for a in (0..n).step_by(chunk) {
+                if cancel() {
+                    return Err(Error::Cancelled);
+                }
+                let b = (a + chunk).min(n);
+                let xs = &mut x[a * stream..b * stream];
+                let (mixes, xin) = pool.install(|| {
+                    let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, xs, b - a);
+                    let t0 = Instant::now();
+                    let o = layer.attn.forward(&cx, lst, &xin, b - a, pos0 + a);
+                    self.counters
+                        .attn_ns
+                        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    hc_out(xs, &o, &mixes, hcm);
+                    self.hc_in(&layer.hc_ffn, &layer.ffn_norm, xs, b - a)
+                });
+                ffn_in[a * h..b * h].copy_from_slice(&xin);
+                ffn_mixes.extend(mixes);
+            }
             let t0 = Instant::now();
             let f = layer
                 .moe
-                .forward(c, l, &self.experts, pool, self.numerics, &xin, ids, n)?;
+                .forward(c, l, &self.experts, pool, self.numerics, &ffn_in, ids, n)?;
             self.counters
                 .moe_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            hc_out(&mut x, &f, &mixes, hcm);
+            hc_out(&mut x, &f, &ffn_mixes, hcm);
         }
         st.tokens.extend_from_slice(ids);
         let rows: Vec<usize> = match want {

@@ -134,7 +134,11 @@ impl MoeWeights {
             }
         }
         let distinct: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
+        // one wave's outputs at a time: each wave is added in once it is complete, so the
+        // memory is bounded by a wave, not by the whole batch
         let mut outs: Vec<Vec<f32>> = vec![Vec::new(); ne];
+        let mut routed = vec![0f32; n * h]; // [n, H]
+        let mut started = vec![false; n];
         let mut shared = None;
         for wave in distinct.chunks(store.max_batch().max(1)) {
             // holds no pins here: the previous wave's were dropped at the end of its loop
@@ -159,12 +163,19 @@ impl MoeWeights {
                     mm(&ex.w2(), &g, m, numerics) // [m, H]
                 });
             }
+            drop(pins);
+            // waves are in ascending expert order, and so is each wave: every token's sum
+            // runs over its experts in ascending order whatever the waves and arrival order
+            accumulate(h, wave, &users, &mut outs, &mut routed, &mut started);
         }
         let shared = match shared {
             Some(s) => s,
             None => pool.install(|| self.shared(c, numerics, y, n)),
         };
-        Ok(pool.install(|| self.combine(c, &distinct, &users, &outs, &shared, n)))
+        for (r, s) in routed.iter_mut().zip(&shared) {
+            *r += s;
+        }
+        Ok(routed)
     }
 
     /// The shared expert's output [n, H] for y [n, H].
@@ -174,40 +185,33 @@ impl MoeWeights {
         swiglu(&mut g, &u, c.swiglu_limit);
         self.sw2.forward_in(numerics, &g, n)
     }
+}
 
-    /// Routed outputs summed per token in ascending expert order, plus the shared expert's
-    /// `shared` [n, H].
-    fn combine(
-        &self,
-        c: &ModelConfig,
-        distinct: &[usize],
-        users: &[Vec<(usize, f32)>],
-        outs: &[Vec<f32>],
-        shared: &[f32],
-        n: usize,
-    ) -> Vec<f32> {
-        let h = c.hidden_size;
-        let mut routed = vec![0f32; n * h];
-        let mut started = vec![false; n];
-        for &e in distinct {
-            for (i, &(t, w)) in users[e].iter().enumerate() {
-                let dst = &mut routed[t * h..(t + 1) * h];
-                let src = &outs[e][i * h..(i + 1) * h];
-                if started[t] {
-                    for (d, &s) in dst.iter_mut().zip(src) {
-                        *d += s * w;
-                    }
-                } else {
-                    for (d, &s) in dst.iter_mut().zip(src) {
-                        *d = s * w;
-                    }
-                    started[t] = true;
+/// Adds the outputs of `experts` (ascending) into `routed` [n, H], weighted, and frees them:
+/// a token's first expert sets its row, each later one adds to it.
+fn accumulate(
+    h: usize,
+    experts: &[usize],
+    users: &[Vec<(usize, f32)>],
+    outs: &mut [Vec<f32>],
+    routed: &mut [f32],
+    started: &mut [bool],
+) {
+    for &e in experts {
+        let out = std::mem::take(&mut outs[e]);
+        for (i, &(t, w)) in users[e].iter().enumerate() {
+            let dst = &mut routed[t * h..(t + 1) * h];
+            let src = &out[i * h..(i + 1) * h];
+            if started[t] {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d += s * w;
                 }
+            } else {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = s * w;
+                }
+                started[t] = true;
             }
         }
-        for (r, s) in routed.iter_mut().zip(shared) {
-            *r += s;
-        }
-        routed
     }
 }
