@@ -237,7 +237,9 @@ def test_chat_three_turns_prefill_only_the_new_turn(tmp_path):
         assert t["prompt_tokens"] == t["reused_tokens"] + t["prefill_tokens"]
     assert doc["reuse"]["reset"] == 0
     assert "you › What is 2+2?" in p.stdout and "assistant ›" in p.stdout
-    assert '"prefill_tokens": [' in p.stdout  # /stats prints the per-turn figures
+    # /stats prints the per-turn table and the engine line, and nothing else
+    assert "turns" in p.stdout and "engine: prefill" in p.stdout
+    assert "stats-json" not in p.stdout
     assert "tok/s" in p.stdout
 
 
@@ -363,7 +365,7 @@ def test_sigint_stops_the_answer_and_the_chat_goes_on():
     text = "".join(out)
     assert p.returncode == 0, p.stderr.read()
     assert "stopped; the partial answer stays" in text and "interrupted" in text
-    assert '"prefill_tokens": [' in text
+    assert "engine: prefill" in text  # /stats ran after the interrupted answer
 
 
 # --- /save, /load and --stop ------------------------------------------------------------------

@@ -23,6 +23,8 @@ alike, must match the session's exactly, or the session is not reused.
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -75,6 +77,33 @@ def status_line(s: Dict[str, Any]) -> str:
     parts.append("experts " + ("-" if hit is None else f"{hit:.0%} hit"))
     if s.get("stop") not in (None, "eos"):
         parts.append(str(s["stop"]))
+    return " · ".join(parts)
+
+
+def detail_line(s: Dict[str, Any]) -> str:
+    """``--verbose``: the status line's figures with their times, and the expert traffic."""
+    pre_n, pre_s = s.get("prefill_tokens", 0), s.get("prefill_s") or 0.0
+    pre = f"prefill {pre_n} tokens in {pre_s:.2f} s"
+    if pre_n and pre_s:
+        pre += f" ({pre_n / pre_s:.1f} tok/s)"
+    pre += f", reused {s.get('reused_tokens', 0)} ({s.get('reuse')})"
+    parts = [pre]
+    if s.get("ttft_s") is not None:
+        parts.append(f"TTFT {s['ttft_s']:.2f} s")
+    dec = f"decode {s.get('generated_tokens', 0)} tokens"
+    if s.get("decode_s"):
+        dec += f" in {s['decode_s']:.2f} s"
+    if s.get("decode_tok_s") is not None:
+        dec += f" ({s['decode_tok_s']:.1f} tok/s)"
+    parts.append(dec)
+    hit = s.get("expert_hit_rate")
+    parts.append(
+        f"experts {s.get('expert_requests', 0)} requests, "
+        + ("-" if hit is None else f"{hit:.0%}")
+        + f" hit, {s.get('expert_bytes_read', 0) / (1 << 20):.1f} MB read"
+    )
+    parts.append(f"{s.get('session_tokens', 0)} tokens in the session")
+    parts.append(f"stop: {s.get('stop')}")
     return " · ".join(parts)
 
 
@@ -226,8 +255,8 @@ class Conversation:
         if progress is None:
             self.session.feed(ids)
             return
-        # the engine's own prefill chunk: each piece reads its experts once per layer
-        step = self.model.plan().get("prefill_chunk", PREFILL_CHUNK)
+        # the engine's own prefill span: each piece reads its experts once per layer
+        step = self.model.plan().get("prefill_span", PREFILL_CHUNK)
         for at in range(0, len(ids), step):
             self.session.feed(ids[at : at + step])
             progress(min(at + step, len(ids)), len(ids))
@@ -248,6 +277,38 @@ class Conversation:
         messages = self.messages + [{"role": "user", "content": user_text}]
         prompt = self._canonical(self.encode(messages))
         return self._run(prompt, sampling, on_text, on_progress, messages)
+
+    def can_regenerate(self) -> bool:
+        """The conversation ends with a user message and its answer."""
+        m = self.messages
+        return len(m) >= 2 and m[-1]["role"] == "assistant" and m[-2]["role"] == "user"
+
+    def regenerate(
+        self,
+        sampling: Sampling,
+        on_text: Optional[TextCallback] = None,
+        on_progress: Optional[ProgressCallback] = None,
+    ) -> Optional[TurnResult]:
+        """Answers the last user message again: the last answer is dropped and the session
+        rolls back to the snapshot before it (so only the prompt's last token or two are fed
+        again). None when the conversation does not end with a user message and its answer.
+        A turn cancelled during the prefill (or an error) keeps the previous answer."""
+        if not self.can_regenerate():
+            return None
+        msgs = self.messages
+        old = (list(msgs), list(self._answers))
+        self.messages = msgs[:-2]
+        del self._answers[-1:]
+        messages = self.messages + [msgs[-2]]
+        try:
+            prompt = self._canonical(self.encode(messages))
+            result = self._run(prompt, sampling, on_text, on_progress, messages)
+        except BaseException:
+            self.messages, self._answers = old
+            raise
+        if result.stop == "cancelled":
+            self.messages, self._answers = old
+        return result
 
     def complete_raw(
         self,
@@ -398,6 +459,7 @@ class Conversation:
             "stop": stop,
             "prefill_s": round(t_prefill - t0, 4),
             "ttft_s": None if t_first is None else round(t_first - t0, 4),
+            "decode_s": None if decode_s is None else round(decode_s, 4),
             "decode_tok_s": None if not decode_s else round((n - 1) / decode_s, 2),
             "expert_requests": req,
             "expert_hits": hits,
@@ -419,14 +481,16 @@ class Conversation:
 
 
 class PrefillBar:
-    """A transient progress bar on a terminal for prompts of 512+ tokens (else silent)."""
+    """A transient progress bar on a terminal for prompts of 512+ tokens (else silent; no
+    console: never)."""
 
     def __init__(self, console: Any, min_tokens: int = 2 * PREFILL_CHUNK):
         self.console = console
         self.min_tokens = min_tokens
         self._progress: Any = None
         self._task: Any = None
-        self.callback: Optional[ProgressCallback] = self._update if console.is_terminal else None
+        on = console is not None and console.is_terminal
+        self.callback: Optional[ProgressCallback] = self._update if on else None
 
     def _update(self, done: int, total: int) -> None:
         if total < self.min_tokens:
@@ -455,16 +519,141 @@ class PrefillBar:
 HELP = """commands:
   /think on|off    thinking mode (reasoning shown dimmed before the answer)
   /system TEXT     set the system prompt (/system alone clears it)
+  /set KEY VALUE   temperature, top_p, top_k, seed (a number or random), max_tokens;
+                   /set alone shows them
+  /regen           answer the last message again (drops the last answer)
   /reset           start a new conversation
   /save FILE       write the conversation as JSON messages
   /load FILE       continue a saved conversation (JSON messages)
   /stats           per-turn and engine statistics
   /exit            quit (also /quit, Ctrl-D)
+A paste is one message, whatever its lines; \"\"\" opens a multi-line message and \"\"\" closes it.
 Ctrl-C stops the current answer and keeps the conversation."""
+
+PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"  # bracketed paste (xterm, VT-style terminals)
+PASTE_ON, PASTE_OFF = "\x1b[?2004h", "\x1b[?2004l"
+BLOCK = '"""'
+
+
+@dataclass
+class Message:
+    text: str
+    literal: bool = False  # several lines (a paste, a """ block): a message, never a command
+
+
+class MessageReader:
+    """Turns raw input lines into messages.
+
+    * A bracketed paste (the text a terminal sends between ``ESC[200~`` and ``ESC[201~``
+      once bracketed-paste mode is on) is one message, whatever its newlines; so is a line
+      that already holds newlines (GNU readline assembles a paste itself).
+    * A line starting with ``\"\"\"`` opens a block, a line ending with ``\"\"\"`` closes it
+      (as in ollama; ``\"\"\"one line\"\"\"`` is a block too): the lines between are one
+      message. The end of input closes an open block.
+    * Any other line is one message.
+
+    ``read_line(kind)`` returns the next line without its newline, or None at the end of
+    input; ``kind`` is ``"first"`` (a new message), ``"block"`` (inside a \"\"\" block) or
+    ``"paste"`` (the rest of a paste)."""
+
+    def __init__(self, read_line: Callable[[str], Optional[str]]):
+        self.read_line = read_line
+        self.eof = False
+
+    def _line(self, kind: str) -> Optional[Tuple[str, bool]]:
+        """(text, several_lines) with any bracketed paste resolved."""
+        line = self.read_line(kind)
+        if line is None:
+            self.eof = True
+            return None
+        if PASTE_START not in line:
+            text = line.replace(PASTE_END, "")
+            return text, "\n" in text.strip("\r\n")
+        before, _, rest = line.partition(PASTE_START)
+        while PASTE_END not in rest:
+            more = self.read_line("paste")
+            if more is None:
+                self.eof = True
+                break
+            rest += "\n" + more
+        pasted, _, after = rest.partition(PASTE_END)
+        text = before + pasted + after.replace(PASTE_START, "").replace(PASTE_END, "")
+        text = text.replace("\r\n", "\n")
+        return text, "\n" in text.strip("\r\n")
+
+    def read(self) -> Optional[Message]:
+        """The next message, or None at the end of input."""
+        if self.eof:
+            return None
+        got = self._line("first")
+        if got is None:
+            return None
+        text, several = got
+        if several:
+            return Message(text.strip("\r\n"), True)
+        head = text.lstrip()
+        if not head.startswith(BLOCK):
+            return Message(text, False)
+        rest = head[len(BLOCK) :].rstrip()
+        if len(rest) >= len(BLOCK) and rest.endswith(BLOCK):
+            return Message(rest[: -len(BLOCK)], True)
+        lines = [rest] if rest else []
+        while True:
+            got = self._line("block")
+            if got is None:
+                break
+            t = got[0].rstrip()
+            if t.endswith(BLOCK):
+                lines.append(t[: -len(BLOCK)])
+                break
+            lines.append(got[0])
+        return Message("\n".join(lines).strip("\n"), True)
+
+
+def _parse_float(v: str, lo: float, hi: float = math.inf, lo_open: bool = False) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"expected a number, got {v!r}") from None
+    if not math.isfinite(x) or not (lo < x if lo_open else lo <= x) or x > hi:
+        want = f">= {lo:g}" if hi == math.inf else f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise ValueError(f"expected a number {want}, got {v!r}")
+    return x
+
+
+def _parse_int(v: str, lo: int) -> int:
+    try:
+        x = int(v)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {v!r}") from None
+    if x < lo:
+        raise ValueError(f"expected an integer >= {lo}, got {v!r}")
+    return x
+
+
+def _parse_seed(v: str) -> Optional[int]:
+    if v.lower() in ("random", "none", "off"):
+        return None
+    return _parse_int(v, 0)
+
+
+# /set KEY VALUE: the sampling knobs (names as the options and the OpenAI API spell them)
+SETTINGS: Dict[str, Callable[[str], Any]] = {
+    "temperature": lambda v: _parse_float(v, 0.0),
+    "top_p": lambda v: _parse_float(v, 0.0, 1.0, lo_open=True),
+    "top_k": lambda v: _parse_int(v, 0),
+    "seed": _parse_seed,
+    "max_tokens": lambda v: _parse_int(v, 1),
+}
+SETTING_ALIASES = {
+    "temp": "temperature",
+    "num_predict": "max_tokens",
+    "max_new_tokens": "max_tokens",
+}
 
 
 class ChatApp:
-    """Reads lines (terminal or piped stdin), runs commands and turns, renders with rich."""
+    """Reads messages (terminal or piped stdin), runs commands and turns, renders with rich."""
 
     def __init__(
         self,
@@ -478,6 +667,7 @@ class ChatApp:
         demo: bool = False,
         stdin: Any = None,
         console: Any = None,
+        verbosity: int = 0,
     ):
         from rich.console import Console
 
@@ -486,34 +676,90 @@ class ChatApp:
         )
         self.sampling = sampling
         self.demo = demo
+        self.verbosity = verbosity  # -1 --quiet (no status lines), 0, 1 --verbose
         self.stdin = stdin if stdin is not None else sys.stdin
         self.out = console or Console(highlight=False, emoji=False, soft_wrap=True)
         self.err = Console(stderr=True, highlight=False, emoji=False)
         self.interactive = bool(getattr(self.stdin, "isatty", lambda: False)())
+        self.reader = MessageReader(self._read_line)
+        self._paste_mode = ""  # "readline" | "terminal" | "" (none)
+        self._eof_newline = self.interactive
         if self.interactive:
-            try:  # line editing and history for input() where available
-                import readline  # noqa: F401
-            except ImportError:
-                pass
+            self._setup_terminal()
 
     # --- input ---------------------------------------------------------------------------
 
-    def _read(self) -> Optional[str]:
-        if self.interactive:
+    def _setup_terminal(self) -> None:
+        """Line editing, and bracketed paste so that a paste is one message: GNU readline
+        asks the terminal for it around each line it reads (CPython turns it off); without
+        readline the mode is switched on here for the whole chat and the markers are parsed
+        from the lines. Not with libedit (macOS): its key handling would mangle the markers."""
+        try:
+            import readline
+        except ImportError:
+            readline = None  # type: ignore[assignment]
+        if readline is not None:
+            backend = getattr(readline, "backend", None) or (
+                "editline" if "libedit" in (readline.__doc__ or "") else "readline"
+            )
+            if backend != "readline":
+                return
+            readline.parse_and_bind("set enable-bracketed-paste on")
+            self._paste_mode = "readline"
+            # readline >= 8.1 ends the line itself at EOF while the mode is on
+            ver = getattr(readline, "_READLINE_LIBRARY_VERSION", "0")
             try:
-                return self.out.input("[bold green]you ›[/] ")
+                self._eof_newline = tuple(int(x) for x in ver.split(".")[:2]) < (8, 1)
+            except ValueError:
+                self._eof_newline = True
+        elif os.name == "posix" and self.out.is_terminal:
+            import atexit
+
+            self._paste_mode = "terminal"
+            self._write_terminal(PASTE_ON)
+            atexit.register(self._restore_terminal)
+
+    def _write_terminal(self, seq: str) -> None:
+        try:
+            self.out.file.write(seq)
+            self.out.file.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _restore_terminal(self) -> None:
+        if self._paste_mode == "terminal":
+            self._paste_mode = ""
+            self._write_terminal(PASTE_OFF)
+
+    def _read_line(self, kind: str) -> Optional[str]:
+        if self.interactive:
+            prompt = {"first": "[bold green]you ›[/] ", "block": "[dim]...[/] "}.get(kind, "")
+            try:
+                return self.out.input(prompt)
             except EOFError:
+                if self._eof_newline:  # Ctrl-D: leave the terminal at the start of a line
+                    self.out.print()
                 return None
         line = self.stdin.readline()
         if not line:
             return None
-        line = line.rstrip("\r\n")
-        self.out.print(f"you › {line}", markup=False)
-        return line
+        return line.rstrip("\r\n")
+
+    def _read(self) -> Optional[Message]:
+        msg = self.reader.read()
+        if msg is not None and not self.interactive:  # echo piped input
+            self.out.print("you › " + msg.text.replace("\n", "\n      "), markup=False)
+        return msg
 
     # --- loop ----------------------------------------------------------------------------
 
     def run(self) -> int:
+        try:
+            return self._loop()
+        finally:
+            self._restore_terminal()
+
+    def _loop(self) -> int:
         mode = "thinking" if self.conv.thinking else "chat"
         title = "v4flash chat" + (
             " · tiny random-weight DEMO model (not DeepSeek)" if self.demo else ""
@@ -522,7 +768,7 @@ class ChatApp:
         interrupts = 0
         while True:
             try:
-                line = self._read()
+                msg = self._read()
             except KeyboardInterrupt:
                 self.out.print()
                 interrupts += 1
@@ -531,16 +777,17 @@ class ChatApp:
                 self._note("Ctrl-C again, /exit or Ctrl-D to quit")
                 continue
             interrupts = 0
-            if line is None:
+            if msg is None:
                 break
-            text = line.strip()
-            if not text:
-                continue
-            if text.startswith("/"):
-                if self.command(text) == "exit":
-                    break
-                continue
-            self.turn(line)
+            text = msg.text.strip()
+            if text:
+                if text.startswith("/") and not msg.literal:
+                    if self.command(text) == "exit":
+                        break
+                else:
+                    self.turn(msg.text)
+            if self.reader.eof:  # the input ended inside a block: that was the last message
+                break
         return 0
 
     def command(self, text: str) -> Optional[str]:
@@ -561,6 +808,10 @@ class ChatApp:
         elif cmd == "/system":
             self.conv.set_system(arg)
             self._note(f"system prompt set: {arg}" if arg else "system prompt cleared")
+        elif cmd == "/set":
+            self._set(arg)
+        elif cmd in ("/regen", "/retry"):
+            self.regen()
         elif cmd == "/reset":
             self.conv.reset()
             self._note("conversation reset")
@@ -573,6 +824,49 @@ class ChatApp:
         else:
             self._note(f"unknown command {cmd}; /help lists them")
         return None
+
+    def settings_text(self) -> str:
+        s = self.sampling
+        seed = "random" if s.seed is None else str(s.seed)
+        text = (
+            f"temperature {s.temperature:g} · top_p {s.top_p:g} · top_k {s.top_k} · "
+            f"seed {seed} · max_tokens {s.max_tokens}"
+        )
+        if s.stop:
+            text += " · stop " + ", ".join(repr(x) for x in s.stop)
+        return text
+
+    def _set(self, arg: str) -> None:
+        words = arg.split()
+        if words and words[0].lower() == "parameter":  # ollama's /set parameter KEY VALUE
+            words = words[1:]
+        if not words:
+            self._note(self.settings_text())
+            return
+        key = words[0].lower().replace("-", "_")
+        key = SETTING_ALIASES.get(key, key)
+        if key not in SETTINGS:
+            self._note(f"unknown setting {words[0]!r}; /set takes {', '.join(SETTINGS)}")
+            return
+        if len(words) != 2:
+            self._note(f"usage: /set {key} VALUE")
+            return
+        try:
+            value = SETTINGS[key](words[1])
+        except ValueError as e:
+            self._note(f"/set {key}: {e}")
+            return
+        setattr(self.sampling, key, value)
+        self._note(f"{key} set to {'random' if value is None else value}")
+
+    def regen(self) -> None:
+        if not self.conv.can_regenerate():
+            self._note("nothing to regenerate: the conversation does not end with an answer")
+            return
+        self._note("regenerating the last answer")
+        result = self._answer(lambda *cb: self.conv.regenerate(self.sampling, *cb))
+        if result is not None and result.stop == "cancelled":
+            self._note("the previous answer stays")
 
     def _save_load(self, cmd: str, arg: str) -> None:
         if not arg:
@@ -598,7 +892,11 @@ class ChatApp:
     def _note(self, msg: str) -> None:
         self.out.print(f"· {msg}", style="dim", markup=False)
 
-    def turn(self, user_text: str) -> None:
+    def turn(self, user_text: str) -> Optional[TurnResult]:
+        return self._answer(lambda *cb: self.conv.respond(user_text, self.sampling, *cb))
+
+    def _answer(self, go: Callable[..., Optional[TurnResult]]) -> Optional[TurnResult]:
+        """Runs ``go(on_text, on_progress)`` and renders the answer as it streams."""
         from rich.text import Text
 
         out = self.out
@@ -615,25 +913,31 @@ class ChatApp:
             state["kind"] = kind
             out.print(Text(text, style="dim" if kind == "reasoning" else ""), end="")
 
-        bar = PrefillBar(self.err)
+        bar = PrefillBar(self.err if self.verbosity >= 0 else None)
         try:
-            result = self.conv.respond(user_text, self.sampling, on_text, bar.callback)
+            result = go(on_text, bar.callback)
         except (ValueError, RuntimeError) as e:
             out.print(f"error: {e}", style="red", markup=False)
-            return
+            return None
         finally:
             bar.stop()
+        if result is None:
+            return None
         if state["kind"] is None:
             out.print("assistant › ", style="bold cyan", end="")
         out.print()
         if result.stop == "cancelled":
             self._note("cancelled during the prompt; the turn was dropped")
-            return
+            return result
         if result.stop == "interrupted":
             self._note("stopped; the partial answer stays in the conversation")
         if result.stats.get("error"):
             out.print(f"error: {result.stats['error']}", style="red", markup=False)
-        out.print(f"[{status_line(result.stats)}]", style="dim", markup=False)
+        if self.verbosity > 0:
+            out.print(f"[{detail_line(result.stats)}]", style="dim", markup=False)
+        elif self.verbosity == 0:
+            out.print(f"[{status_line(result.stats)}]", style="dim", markup=False)
+        return result
 
     # --- stats ---------------------------------------------------------------------------
 
@@ -686,23 +990,13 @@ class ChatApp:
         self.out.print(t)
         e = self.conv.model.stats()
         hit = e.get("expert_hit_rate")
+        threads = e["threads"]
         self.out.print(
             f"engine: prefill {e['prefill_tokens']} tok in {e['prefill_s']:.2f} s · decode "
             f"{e['decode_tokens']} tok in {e['decode_s']:.2f} s · experts "
             f"{e['expert_requests']} requests, "
             f"{'-' if hit is None else format(hit, '.1%')} hit, "
             f"{e['expert_bytes_read'] / (1 << 20):.1f} MB read · kernels {e['kernel_tier']} · "
-            f"{e['threads']} threads",
+            f"{threads} thread{'' if threads == 1 else 's'}",
             markup=False,
-        )
-        self.out.print(
-            "stats-json: "
-            + json.dumps(
-                {
-                    "prefill_tokens": [s["prefill_tokens"] for s in self.conv.turns],
-                    "reuse": [s["reuse"] for s in self.conv.turns],
-                }
-            ),
-            markup=False,
-            style="dim",
         )
