@@ -75,12 +75,52 @@ def test_bench_json_on_tiny_fixture(capsys):
     assert r["prefill_gflops"] > 0
 
 
-def test_python_probe_fallbacks():
-    gbs, how = bench.mem_read_gbs_numpy(16 << 20, 2)
-    assert gbs > 0 and "numpy" in how
-    shard = sorted(TINY_A.glob("*.safetensors"))[0]
-    gbs, how = bench.disk_read_gbs_python(shard, 1 << 20, block=256 << 10, depth=2)
-    assert gbs > 0 and ("O_DIRECT" in how or "buffered" in how)
+def _bench_cli(capsys, *args):
+    from v4flash.cli import main
+
+    code = main(["bench", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("how", ["missing", "foreign", "too-little-ram"])
+def test_bench_errors_are_one_line(capsys, tmp_path, how):
+    args = ["--no-machine", "-p", "2", "-n", "1"]
+    if how == "missing":
+        args += ["--model", tmp_path / "nope"]
+        want = "no such checkpoint directory"
+    elif how == "foreign":
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        args += ["--model", tmp_path]
+        want = "\"model_type\" is 'llama'"
+    else:
+        args += ["--model", TINY_A, "--ram", "0.01"]
+        want = "cannot run this model: it needs at least"
+    code, out, err = _bench_cli(capsys, *args)
+    assert code == 1 and out == ""
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("v4flash: error: ") and want in err, err
+
+
+def test_bench_without_model_uses_the_demo_and_the_engine_options(capsys):
+    code, out, err = _bench_cli(
+        capsys, "-p", 3, "-n", 2, "--no-machine", "--json", "--cache-policy", "lru", "-t", 1
+    )
+    assert code == 0, err
+    assert "NOT DeepSeek" in err  # the demo notice, as the other commands print it
+    r = json.loads(out)
+    assert Path(r["model"]).resolve() == TINY_A.resolve()
+    assert r["cache_policy"] == "lru" and r["threads"] == 1
+    assert r["prompt_tokens"] == 3 and r["decode_tokens"] == 2
+    # python -m v4flash.bench is the same command (and keeps its old --policy spelling)
+    assert bench.main(["-p", "2", "-n", "1", "--no-machine", "--json", "--policy", "lru"]) == 0
+    assert json.loads(capsys.readouterr().out)["cache_policy"] == "lru"
+
+
+def test_bench_predict_needs_no_checkpoint(capsys):
+    code, out, err = _bench_cli(capsys, "--predict", "--mem-gbs", 50, "--json")
+    assert code == 0 and err == ""
+    assert len(json.loads(out)) == 12
 
 
 def test_bench_table_prints(capsys):

@@ -2,6 +2,7 @@
 through piped stdin (session reuse between turns), and the bundled demo."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ def cli(*args, input=None, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", "v4flash", *map(str, args)],
         input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
         capture_output=True,
         text=True,
         encoding="utf-8",
@@ -59,10 +61,81 @@ def test_version():
     assert p.stdout.strip() == f"v4flash {v4flash.__version__}"
 
 
+COMMANDS = {
+    "chat": "interactive chat",
+    "run": "answer one prompt",
+    "serve": "OpenAI-compatible HTTP server",
+    "info": "describe a checkpoint",
+    "doctor": "check a checkpoint",
+    "bench": "whole-run benchmark",
+}
+
+
 def test_help_lists_commands():
     p = cli("--help")
-    for cmd in ("chat", "run", "info", "doctor"):
-        assert cmd in p.stdout
+    assert p.returncode == 0
+    for cmd, text in COMMANDS.items():  # each command on its own line, with what it does
+        assert re.search(rf"^\s+{cmd}\s+{re.escape(text)}", p.stdout, re.M), (cmd, p.stdout)
+
+
+def _help(capsys, *cmd):
+    with pytest.raises(SystemExit) as e:
+        cli_main([*cmd, "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cmd", list(COMMANDS))
+def test_every_command_has_help_with_the_short_flags(capsys, cmd):
+    out = _help(capsys, cmd)
+    assert out.startswith(f"usage: v4flash {cmd}")
+    assert "-m DIR, --model DIR" in out
+    if cmd in ("chat", "run", "serve", "bench"):
+        assert "-t N, --threads N" in out and "-c TOKENS, --ctx TOKENS" in out
+    if cmd in ("chat", "run", "serve"):
+        assert "-n N, --max-tokens N" in out
+    if cmd in ("chat", "run"):
+        assert "-v, --verbose" in out and "-q, --quiet" in out
+    if cmd == "run":
+        assert "-p TEXT, --prompt TEXT" in out
+    if cmd == "bench":
+        assert "-p N, --prompt N" in out and "-n N, --gen N" in out
+        assert "--cache-policy" in out
+
+
+def test_short_flags_mean_the_long_ones():
+    from v4flash.cli import _parser
+
+    p = _parser()
+    pairs = [
+        ("run", ["-m", "D", "-n", "5", "-t", "3", "-c", "512", "-p", "hi", "-q"]),
+        (
+            "run",
+            ["--model", "D", "--max-tokens", "5", "--threads", "3", "--ctx", "512"]
+            + ["--prompt", "hi", "--quiet"],
+        ),
+        ("chat", ["-m", "D", "-n", "5", "-t", "3", "-c", "512", "-v"]),
+        (
+            "chat",
+            ["--model", "D", "--max-tokens", "5", "--threads", "3", "--ctx", "512"] + ["--verbose"],
+        ),
+        ("bench", ["-m", "D", "-p", "64", "-n", "8", "-t", "3", "-c", "512"]),
+        (
+            "bench",
+            ["--model", "D", "--prompt", "64", "--gen", "8", "--threads", "3"] + ["--ctx", "512"],
+        ),
+        ("serve", ["-m", "D", "-n", "5", "-t", "3", "-c", "512"]),
+        ("serve", ["--model", "D", "--max-tokens", "5", "--threads", "3", "--ctx", "512"]),
+        ("info", ["-m", "D", "-c", "512"]),
+        ("info", ["--model", "D", "--ctx", "512"]),
+    ]
+    for (cmd, short), (_, long) in zip(pairs[::2], pairs[1::2]):
+        assert p.parse_args([cmd, *short]) == p.parse_args([cmd, *long]), cmd
+    a = p.parse_args(["run", "-m", "D", "-n", "5", "-t", "3", "-c", "512", "-p", "hi"])
+    assert (a.model, a.max_tokens, a.threads, a.ctx, a.prompt_option) == ("D", 5, 3, 512, "hi")
+    a = p.parse_args(["bench", "-p", "64", "-n", "8", "--cache-policy", "lru"])
+    assert (a.prompt, a.gen, a.cache_policy) == (64, 8, "lru")
+    assert p.parse_args(["bench", "--policy", "lru"]).cache_policy == "lru"  # the old name
 
 
 # --- run ----------------------------------------------------------------------------------------
@@ -123,6 +196,94 @@ def test_run_errors_are_one_line(capsys):
     assert_clean_error(main_(capsys, "run", "--model", FIXTURES / "nope", "Hi"), "nope")
     p = cli("run", "--temperature", "-1", "Hi")
     assert p.returncode == 2 and "temperature" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_run_combines_piped_stdin_with_the_prompt():
+    args = ("run", "--model", FIXTURES / "tiny-a", *GREEDY, "--max-tokens", 2, "--json")
+    tok = load_tokenizer(FIXTURES / "tiny-a")
+
+    def prompt_of(p):
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["prompt_ids"]
+
+    def encoded(text):
+        return encode_prompt_ids(tok, [{"role": "user", "content": text}])
+
+    notes = "Line one.\nLine two.\n"
+    # the piped text, a blank line, then the instruction
+    assert prompt_of(cli(*args, "Summarize", input=notes)) == encoded(
+        "Line one.\nLine two.\n\nSummarize"
+    )
+    assert prompt_of(cli(*args, "-p", "Summarize", input=notes)) == encoded(
+        "Line one.\nLine two.\n\nSummarize"
+    )
+    # stdin alone, the argument alone (an empty pipe adds nothing)
+    assert prompt_of(cli(*args, input=notes)) == encoded(notes)
+    assert prompt_of(cli(*args, "Summarize", input="")) == encoded("Summarize")
+    assert prompt_of(cli(*args, "Summarize")) == encoded("Summarize")  # stdin: /dev/null
+    # --raw takes the combined text too
+    p = cli(*args, "--raw", "B", input="A")
+    assert prompt_of(p) == tok.encode("A\n\nB")
+
+
+def test_run_prompt_given_twice_or_not_at_all(capsys):
+    p = main_(capsys, "run", "-p", "a", "b")
+    assert p.returncode == 2 and "give the prompt once" in p.stderr
+    p = cli("run", "--model", FIXTURES / "tiny-a")  # stdin is /dev/null: empty
+    assert p.returncode == 2 and "the prompt is empty" in p.stderr
+
+
+def test_run_thinking_ends_the_reasoning_line_before_the_status_line():
+    p = cli(
+        "run", "--model", FIXTURES / "tiny-a", "--thinking", "--seed", 1, "--max-tokens", 5, "Hi"
+    )
+    assert p.returncode == 0, p.stderr
+    last = p.stderr.splitlines()[-1]
+    assert last.startswith("5 tokens · "), p.stderr  # not glued to the reasoning
+    assert p.stderr.endswith("\n")
+
+
+def test_run_quiet_and_verbose(capsys):
+    args = ["run", "--model", FIXTURES / "tiny-a", *GREEDY, "--max-tokens", 3, "Hi"]
+    normal = main_(capsys, *args)
+    assert "plan:" in normal.stderr and "loaded in" in normal.stderr and "tok/s" in normal.stderr
+    quiet = main_(capsys, *args, "--quiet")
+    assert quiet.returncode == 0 and quiet.stdout == normal.stdout
+    assert quiet.stderr == ""
+    verbose = main_(capsys, *args, "-v")
+    assert verbose.stdout == normal.stdout
+    for what in ("plan:", "resident weights:", "expert cache:", "expert reads:", "loaded in"):
+        assert what in verbose.stderr, what
+    last = verbose.stderr.splitlines()[-1]
+    assert last.startswith("prefill ") and "decode 3 tokens in" in last and "MB read" in last
+    # the demo notice is not a status line: --quiet keeps it
+    demo = main_(capsys, "run", *GREEDY, "--max-tokens", 2, "-q", "Hi")
+    assert "NOT DeepSeek" in demo.stderr and "plan:" not in demo.stderr
+
+
+def test_one_thread_is_singular(capsys, tmp_path):
+    p = main_(capsys, "run", "-m", FIXTURES / "tiny-a", *GREEDY, "-n", 2, "-t", 1, "Hi")
+    assert "· 1 thread\n" in p.stderr and "threads" not in p.stderr
+    c = cli("chat", "-m", FIXTURES / "tiny-a", "-t", 1, *GREEDY, "-n", 2, input="Hi\n/stats\n")
+    assert "· 1 thread" in c.stdout and "1 threads" not in c.stdout
+
+
+@pytest.mark.parametrize("how", ["missing-shard", "wrong-shape", "bad-config"])
+def test_no_plan_line_before_an_error_that_makes_it_moot(capsys, tmp_path, how):
+    d, _ = _broken(tmp_path, how)
+    p = main_(capsys, "run", "--model", d, "Hi")
+    assert_clean_error(p)
+    assert "plan:" not in p.stderr and "loaded in" not in p.stderr
+    assert p.stderr.count("\n") == 1  # the error and nothing else
+
+
+def test_a_missing_tokenizer_fails_before_the_load(capsys, tmp_path):
+    d = tmp_path / "ck"
+    shutil.copytree(FIXTURES / "tiny-a", d)
+    (d / "tokenizer.json").unlink()
+    p = main_(capsys, "run", "--model", d, "Hi")
+    assert_clean_error(p, "tokenizer.json")
+    assert "plan:" not in p.stderr
 
 
 # --- info / doctor ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Whole-run benchmark: load, prefill, greedy decode, and the machine's own limits.
 
-    python -m v4flash.bench --model DIR --ram 16 --prompt 16 --gen 4 [--json]
-    python -m v4flash.bench --predict [--mem-gbs 50]
+    v4flash bench --model DIR --ram 16 --prompt 16 --gen 4 [--json]   (or python -m v4flash.bench)
+    v4flash bench --predict [--mem-gbs 50]
 
 Besides the engine's speed it measures, in the same run, the streaming memory-read bandwidth
 and the disk's direct (uncached) sequential read bandwidth on the checkpoint's own shards, and
@@ -15,23 +15,19 @@ router, compressors, indexer, hyper-connections, norms, the head) plus one embed
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import mmap
 import os
-import resource
 import statistics
 import struct
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._core import NUMERICS
+from . import _core
 
 GB = 1e9
 PROMPT_TEXT = (
@@ -152,149 +148,34 @@ def _limit(dense_bytes, mem_gbs, layers, k, hit_rate, expert_bytes, disk_gbs, ex
 # --------------------------------------------------------------------------------------------
 # Machine limits
 # --------------------------------------------------------------------------------------------
-def _core_fn(name: str):
-    try:
-        from . import _core
-    except ImportError:  # pragma: no cover
-        return None
-    return getattr(_core, name, None)
-
-
 def mem_read_gbs(nbytes: int = 1 << 30, threads: Optional[int] = None) -> Tuple[float, str]:
     """Streaming read bandwidth in GB/s (best of 3) and how it was measured."""
-    f = _core_fn("mem_read_gbs")
-    if f is not None:
-        t = threads or os.cpu_count() or 1
-        return float(f(nbytes, t)), f"_core.mem_read_gbs, {t} thread(s)"
-    return mem_read_gbs_numpy(nbytes, threads)
+    t = threads or os.cpu_count() or 1
+    return float(_core.mem_read_gbs(nbytes, t)), f"_core.mem_read_gbs, {t} thread(s)"
 
 
-def mem_read_gbs_numpy(nbytes: int, threads: Optional[int] = None) -> Tuple[float, str]:
-    """The numpy fallback: threaded max over a uint64 array (a lower bound)."""
-    n = max(1, nbytes // 8)
-    a = np.ones(n, dtype=np.uint64)  # touched, so every page is resident
-    parts = max(1, threads or 1)
-    chunks = np.array_split(a, parts)
-    best = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
-        if parts == 1:
-            a.max()
-        else:  # numpy releases the GIL in reductions
-            ts = [threading.Thread(target=c.max) for c in chunks]
-            for th in ts:
-                th.start()
-            for th in ts:
-                th.join()
-        best = max(best, a.nbytes / (time.perf_counter() - t) / GB)
-    del a, chunks
-    return best, f"numpy u64 max, {parts} thread(s); a lower bound"
-
-
-def disk_read_gbs(
-    model_dir: Path, nbytes: int = 1 << 30, block: int = 8 << 20, depth: int = 4
-) -> Tuple[float, str]:
-    """Sequential read bandwidth (GB/s) on the largest shard, bypassing the page cache
-    (O_DIRECT; ``depth`` reads in flight), and how it was measured."""
+def disk_read_gbs(model_dir: Path, nbytes: int = 1 << 30) -> Tuple[float, str]:
+    """Sequential read bandwidth (GB/s) on the largest shard, bypassing the page cache where
+    the OS allows it, and how it was measured."""
     shards = sorted(Path(model_dir).glob("*.safetensors"), key=lambda p: p.stat().st_size)
     if not shards:
         raise FileNotFoundError(f"{model_dir}: no .safetensors files")
     path = shards[-1]
-    f = _core_fn("disk_read_gbs")
-    if f is not None:
-        r = f(str(path), nbytes)
-        gbs, direct = r if isinstance(r, tuple) else (r, True)
-        how = "direct I/O" if direct else "buffered (direct I/O refused; may hit the page cache)"
-        return float(gbs), f"_core.disk_read_gbs, {how}, QD1 8 MiB, {path.name}"
-    return disk_read_gbs_python(path, nbytes, block, depth)
+    gbs, direct = _core.disk_read_gbs(str(path), nbytes)
+    how = "direct I/O" if direct else "buffered (direct I/O refused; may hit the page cache)"
+    return float(gbs), f"_core.disk_read_gbs, {how}, QD1 8 MiB, {path.name}"
 
 
-def disk_read_gbs_python(
-    path: Path, nbytes: int = 1 << 30, block: int = 8 << 20, depth: int = 4
-) -> Tuple[float, str]:
-    """The Python fallback: O_DIRECT preadv into page-aligned buffers, ``depth`` in flight,
-    from the middle of the file; buffered with a note where O_DIRECT is unavailable."""
-    size = path.stat().st_size
-    nbytes = min(nbytes, size // block * block)
-    if nbytes < block:
-        block = max(4096, (size // 4096) * 4096)
-        nbytes = block
-    # start in the middle of the file, page aligned: less likely to be cached (matters only
-    # for the buffered fallback)
-    start = ((size - nbytes) // 2) // (1 << 20) * (1 << 20)
-    how = "O_DIRECT"
-    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
-    if not getattr(os, "O_DIRECT", 0):
-        how = "buffered (no O_DIRECT on this OS; may include page-cache hits)"
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-        how = "buffered (O_DIRECT refused; may include page-cache hits)"
-    try:
-        if how != "O_DIRECT" and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, start, nbytes, os.POSIX_FADV_DONTNEED)
-        offsets = list(range(start, start + nbytes, block))
-        lock = threading.Lock()
-        got = [0]
-        err: List[BaseException] = []
-
-        def worker():
-            buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT needs
-            try:
-                while True:
-                    with lock:
-                        if not offsets:
-                            return
-                        off = offsets.pop(0)
-                    n = os.preadv(fd, [buf], off)
-                    with lock:
-                        got[0] += n
-            except BaseException as e:  # noqa: BLE001
-                err.append(e)
-            finally:
-                buf.close()
-
-        t = time.perf_counter()
-        ts = [threading.Thread(target=worker) for _ in range(depth)]
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join()
-        dt = time.perf_counter() - t
-        if err:
-            if how == "O_DIRECT":
-                os.close(fd)
-                fd = -1
-                return _buffered_fallback(path, start, nbytes, block)
-            raise err[0]
-        return got[0] / dt / GB, f"{how}, {block >> 20} MiB x {depth} in flight, {path.name}"
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _buffered_fallback(path: Path, start: int, nbytes: int, block: int) -> Tuple[float, str]:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, start, nbytes, os.POSIX_FADV_DONTNEED)
-        t = time.perf_counter()
-        got = 0
-        for off in range(start, start + nbytes, block):
-            got += len(os.pread(fd, block, off))
-        dt = time.perf_counter() - t
-    finally:
-        os.close(fd)
-    return got / dt / GB, "buffered (O_DIRECT read failed; may include page-cache hits)"
-
-
-def fma_peak_gflops(threads: Optional[int]) -> Optional[float]:
-    f = _core_fn("fma_peak_gflops")
-    return None if f is None else float(f(threads or os.cpu_count() or 1))
+def fma_peak_gflops(threads: Optional[int]) -> float:
+    return float(_core.fma_peak_gflops(threads or os.cpu_count() or 1))
 
 
 def peak_rss_gb() -> float:
+    """Peak resident set size of this process in GB (NaN where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return float("nan")
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / GB if sys.platform == "darwin" else r * 1024 / GB
 
@@ -348,15 +229,15 @@ def run_bench(
         raise ValueError("prompt_len and gen_tokens must be >= 1")
     path = Path(model_dir)
     cfg = load_config(path)
-    acc = account(read_headers(path), cfg)
     notes: List[str] = []
 
     kw = dict(load_kw or {})
     if expert_cache_mb is not None:
         kw["expert_cache_mb"] = expert_cache_mb
     t0 = time.perf_counter()
-    model = load(path, ram_gb=ram_gb, threads=threads, **kw)
+    model = load(path, ram_gb=ram_gb, threads=threads, **kw)  # validates the checkpoint
     load_s = time.perf_counter() - t0
+    acc = account(read_headers(path), cfg)
     rss_after_load = peak_rss_gb()
 
     # The expert cache's slots are pre-faulted in the background at idle priority (first-touch
@@ -390,10 +271,9 @@ def run_bench(
     for tok in it:
         now = time.perf_counter()
         st = model.stats()
-        wait_key = "expert_wait_s" if "expert_wait_s" in st else "expert_read_s"
         req = _delta(prev, st, "expert_requests")
         wall = now - t
-        wait = _delta(prev, st, wait_key)
+        wait = _delta(prev, st, "expert_wait_s")
         per_token.append(
             {
                 "ms": wall * 1e3,
@@ -406,8 +286,6 @@ def run_bench(
         out_ids.append(int(tok))
         prev, t = st, time.perf_counter()
     s2 = prev
-    if "expert_wait_s" not in s2:
-        notes.append("no expert_wait_s in stats: 'wait' is expert_read_s (read time, may overlap)")
     rss = peak_rss_gb()
 
     dec_req = _delta(s1, s2, "expert_requests")
@@ -423,6 +301,8 @@ def run_bench(
         "layers": cfg.num_hidden_layers,
         "kernel_tier": s2.get("kernel_tier"),
         "numerics": s2.get("numerics"),
+        "cache_policy": model.cache_policy,
+        "io_engine": s2.get("io_engine"),
         "threads": s2.get("threads"),
         "ram_gb": ram_gb,
         "expert_cache_mb": expert_cache_mb,
@@ -476,8 +356,6 @@ def run_bench(
             ),
         }
     )
-    if fma is None and measure_fma and measure_machine:
-        notes.append("no _core.fma_peak_gflops: FMA peak n/a")
     lim = limit_tok_s(
         acc["dense_bytes_per_token"],
         mem,
@@ -528,10 +406,11 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
         return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f} %"
 
     fma = r.get("fma_peak_gflops")
+    ram = "not set" if r["ram_gb"] is None else f"{r['ram_gb']:g} GB"
     rows = [
         ("model", f"{r['model']} ({r['layers']} layers)"),
         ("kernels / numerics / threads", f"{r['kernel_tier']} / {r['numerics']} / {r['threads']}"),
-        ("RAM budget / expert slots", f"{r['ram_gb']} GB / {r.get('expert_slots')}"),
+        ("RAM budget / expert slots", f"{ram} / {r.get('expert_slots')}"),
         ("load", f"{r['load_s']:.2f} s"),
         (
             "prefill",
@@ -587,21 +466,15 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
 
 
 def print_table(r: Dict[str, Any]) -> None:
-    rows = _rows(r)
-    try:
-        from rich.console import Console
-        from rich.table import Table
+    from rich.console import Console
+    from rich.table import Table
 
-        t = Table(title="v4flash bench", show_header=False)
-        t.add_column("what", style="bold")
-        t.add_column("value")
-        for k, v in rows:
-            t.add_row(k, v)
-        Console().print(t)
-    except ImportError:  # pragma: no cover
-        w = max(len(k) for k, _ in rows)
-        for k, v in rows:
-            print(f"{k:<{w}}  {v}")
+    t = Table(title="v4flash bench", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    for k, v in _rows(r):
+        t.add_row(k, v)
+    Console().print(t)
 
 
 # --------------------------------------------------------------------------------------------
@@ -734,70 +607,34 @@ def print_predict(rows: List[Dict[str, float]]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# CLI
+# CLI (the options are defined with the other commands' in cli.py)
 # --------------------------------------------------------------------------------------------
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m v4flash.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--model", help="checkpoint directory")
-    p.add_argument("--ram", type=float, default=None, help="RAM budget in GB")
-    p.add_argument("--expert-cache-mb", type=float, default=None)
-    p.add_argument(
-        "--emulate-full-ram",
-        type=float,
-        default=None,
-        metavar="GB",
-        help="size the expert cache so each layer gets the share the full 43-layer model "
-        "would get under this RAM budget (for short synthetic checkpoints)",
-    )
-    p.add_argument("--prompt", type=int, default=16, help="prompt tokens (default 16)")
-    p.add_argument("--gen", type=int, default=4, help="decode tokens (default 4)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--io", default=None, help="engine read path (direct/buffered/mmap)")
-    p.add_argument("--policy", default=None, help="expert cache policy (freq-decay/lru)")
-    p.add_argument("--numerics", choices=list(NUMERICS), default=None, help="numerics mode (exact)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-machine", action="store_true", help="skip the bandwidth probes")
-    p.add_argument("--no-fma", action="store_true", help="skip the FMA peak probe")
-    p.add_argument("--mem-gb", type=float, default=1.0, help="memory probe size (GB)")
-    p.add_argument("--disk-gb", type=float, default=1.0, help="disk probe size (GB)")
-    p.add_argument("--predict", action="store_true", help="print the full-model prediction table")
-    p.add_argument(
-        "--mem-gbs",
-        type=float,
-        default=None,
-        help="memory bandwidth for --predict (default: measured here)",
-    )
-    return p
+def predict(mem_gbs: Optional[float], mem_gb: float, threads: Optional[int], json_out: bool) -> int:
+    """``v4flash bench --predict``: the full-model table (memory bandwidth measured here
+    unless given)."""
+    if mem_gbs is None:
+        mem_gbs, _ = mem_read_gbs(int(mem_gb * (1 << 30)), threads or os.cpu_count())
+    rows = predict_table(mem_gbs=mem_gbs)
+    if json_out:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_predict(rows)
+    return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    a = _parser().parse_args(argv)
-    if a.predict:
-        mem = a.mem_gbs
-        if mem is None:
-            mem, _ = mem_read_gbs(int(a.mem_gb * (1 << 30)), a.threads or os.cpu_count())
-        rows = predict_table(mem_gbs=mem)
-        if a.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print_predict(rows)
-        return 0
-    if not a.model:
-        _parser().error("--model is required (or --predict)")
+def bench_command(path: Path, a: Any) -> int:
+    """``v4flash bench`` on the checkpoint at ``path`` with the parsed options ``a``."""
     cache_mb = a.expert_cache_mb
     if a.emulate_full_ram is not None:
         from .config import load_config
 
-        cache_mb = emulated_cache_mb(a.emulate_full_ram, load_config(a.model).num_hidden_layers)
+        cache_mb = emulated_cache_mb(a.emulate_full_ram, load_config(path).num_hidden_layers)
     load_kw: Dict[str, Any] = {}
-    if a.io:
-        load_kw["io"] = a.io
-    if a.policy:
-        load_kw["cache_policy"] = a.policy
-    if a.numerics:
-        load_kw["numerics"] = a.numerics
+    for opt in ("io", "cache_policy", "numerics", "ctx", "io_threads"):
+        if getattr(a, opt, None) is not None:
+            load_kw[opt] = getattr(a, opt)
     run_bench(
-        a.model,
+        str(path),
         ram_gb=a.ram,
         prompt_len=a.prompt,
         gen_tokens=a.gen,
@@ -811,6 +648,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         load_kw=load_kw,
     )
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m v4flash.bench ARGS`` is ``v4flash bench ARGS``."""
+    from .cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

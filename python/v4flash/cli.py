@@ -1,5 +1,4 @@
-"""The ``v4flash`` command line: ``chat``, ``run``, ``serve``, ``info``, ``doctor`` (and
-``bench``).
+"""The ``v4flash`` command line: ``chat``, ``run``, ``serve``, ``info``, ``doctor``, ``bench``.
 
 Everything the user asked for goes to stdout (answers, reports); the one-line plan, loading
 progress and notices go to stderr, so ``v4flash run ... > answer.txt`` stays clean. Errors are
@@ -9,7 +8,6 @@ one line on stderr (``v4flash: error: ...``) with a non-zero exit code, never a 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -32,6 +30,7 @@ from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
     plan_line,
     plan_summary,
     plan_table,
+    plural,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -94,7 +93,9 @@ def _top_p(s: str) -> float:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the tiny demo)")
+    g.add_argument(
+        "-m", "--model", metavar="DIR", help="checkpoint directory (default: the tiny demo)"
+    )
     g.add_argument("--ram", type=_positive_float, metavar="GB", help="RAM budget in GB")
     g.add_argument(
         "--expert-cache-mb",
@@ -106,8 +107,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--threads", type=_positive_int, metavar="N", help="compute threads (all)")
+    g.add_argument("-t", "--threads", type=_positive_int, metavar="N", help="compute threads (all)")
     g.add_argument(
+        "-c",
         "--ctx",
         type=_positive_int,
         metavar="TOKENS",
@@ -142,6 +144,7 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
 def _generation_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("generation")
     g.add_argument(
+        "-n",
         "--max-tokens",
         type=_positive_int,
         default=max_tokens,
@@ -170,7 +173,66 @@ def _generation_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     )
 
 
-def _parser(with_bench: bool) -> argparse.ArgumentParser:
+def _output_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output").add_mutually_exclusive_group()
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also the whole memory plan, the read engine, and timings and expert traffic "
+        "after each answer",
+    )
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no plan, loading or per-answer status lines on stderr (errors, warnings and the "
+        "demo notice stay)",
+    )
+
+
+def _bench_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("benchmark")
+    g.add_argument(
+        "-p", "--prompt", type=_positive_int, default=16, metavar="N", help="prompt tokens (16)"
+    )
+    g.add_argument(
+        "-n", "--gen", type=_positive_int, default=4, metavar="N", help="decode tokens (4)"
+    )
+    g.add_argument(
+        "--emulate-full-ram",
+        type=_positive_float,
+        metavar="GB",
+        help="size the expert cache so each layer gets the share the full 43-layer model "
+        "would get under this RAM budget (for short synthetic checkpoints)",
+    )
+    g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.add_argument("--no-machine", action="store_true", help="skip the bandwidth probes")
+    g.add_argument("--no-fma", action="store_true", help="skip the FMA peak probe")
+    g.add_argument(
+        "--mem-gb", type=_positive_float, default=1.0, metavar="GB", help="memory probe size (1)"
+    )
+    g.add_argument(
+        "--disk-gb", type=_positive_float, default=1.0, metavar="GB", help="disk probe size (1)"
+    )
+    g.add_argument(
+        "--predict",
+        action="store_true",
+        help="print the full-model prediction table (no checkpoint needed)",
+    )
+    g.add_argument(
+        "--mem-gbs",
+        type=_positive_float,
+        metavar="GB/S",
+        help="memory bandwidth for --predict (default: measured here)",
+    )
+    # the benchmark's old name for --cache-policy
+    p.add_argument(
+        "--policy", dest="cache_policy", choices=["freq-decay", "lru"], help=argparse.SUPPRESS
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="v4flash",
         description="Run DeepSeek V4 Flash on the CPU, streaming experts from disk.",
@@ -179,19 +241,36 @@ def _parser(with_bench: bool) -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"v4flash {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    chat = sub.add_parser("chat", help="interactive chat in the terminal (or from piped stdin)")
+    chat = sub.add_parser(
+        "chat",
+        help="interactive chat in the terminal (or from piped stdin)",
+        description="Chat in the terminal (/help lists the commands). A paste is one message; "
+        '""" opens and closes a multi-line message. Piped stdin: one line is one message, '
+        'except inside a """ block.',
+    )
     _model_options(chat)
     _engine_options(chat)
     _generation_options(chat, 1024)
+    _output_options(chat)
     chat.add_argument(
         "--stats-json", metavar="FILE", help="write per-turn statistics (JSON) to FILE at exit"
     )
 
-    run = sub.add_parser("run", help="answer one prompt on stdout")
+    run = sub.add_parser(
+        "run",
+        help="answer one prompt on stdout",
+        description="Answer one prompt on stdout. With both a prompt and piped stdin "
+        '(cat notes.txt | v4flash run "Summarize"), the model gets the piped text, a blank '
+        "line, then the prompt.",
+    )
     run.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
+    run.add_argument(
+        "-p", "--prompt", dest="prompt_option", metavar="TEXT", help="the prompt, as an option"
+    )
     _model_options(run)
     _engine_options(run)
     _generation_options(run, 1024)
+    _output_options(run)
     run.add_argument(
         "--raw",
         action="store_true",
@@ -217,6 +296,7 @@ def _parser(with_bench: bool) -> argparse.ArgumentParser:
         "--name", metavar="NAME", help="model id shown by /v1/models (the checkpoint folder)"
     )
     g.add_argument(
+        "-n",
         "--max-tokens",
         type=_positive_int,
         default=4096,
@@ -238,19 +318,21 @@ def _parser(with_bench: bool) -> argparse.ArgumentParser:
         q = sub.add_parser(name, help=text)
         _model_options(q)
         q.add_argument(
-            "--ctx", type=_positive_int, metavar="TOKENS", help="context length for the plan"
+            "-c", "--ctx", type=_positive_int, metavar="TOKENS", help="context length for the plan"
         )
-        q.add_argument("--threads", type=_positive_int, metavar="N", help=argparse.SUPPRESS)
-    if with_bench:
-        sub.add_parser("bench", help="benchmarks (see v4flash bench --help)", add_help=False)
+        q.add_argument("-t", "--threads", type=_positive_int, metavar="N", help=argparse.SUPPRESS)
+
+    bench = sub.add_parser(
+        "bench",
+        help="whole-run benchmark: load, prefill, decode, and the machine's limits",
+        description="Loads the checkpoint, prefills a prompt, decodes greedily, measures the "
+        "machine's memory and disk bandwidth and reports the decode speed this checkpoint "
+        "could reach (see benches/README.md).",
+    )
+    _model_options(bench)
+    _engine_options(bench)
+    _bench_options(bench)
     return p
-
-
-def _has_bench() -> bool:
-    try:
-        return importlib.util.find_spec("v4flash.bench") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,37 +378,44 @@ def resolve_model(args: argparse.Namespace) -> Tuple[Path, bool]:
 
 
 def load_model(args: argparse.Namespace, path: Path):
-    """Plans memory, prints the one-line plan, loads with a spinner; returns (model, tok)."""
+    """Loads the checkpoint (a spinner on a terminal), then prints the plan it runs with and
+    the load time on stderr (nothing with ``--quiet``; the whole plan with ``--verbose``):
+    after the load, so an error that makes the plan moot is the only thing printed. Returns
+    (model, tokenizer)."""
     import v4flash
 
     from .tokenizer import load_tokenizer
 
     err = _err_console()
-    # plan first: a budget that cannot work fails before anything is loaded
-    plan = plan_summary(path, args.ram, ctx=args.ctx, expert_cache_mb=args.expert_cache_mb)
-    print(plan_line(plan, args.threads, getattr(args, "numerics", "exact")), file=sys.stderr)
-    cache_mb = args.expert_cache_mb
-    if cache_mb is None and plan.get("source") == "estimate" and args.ram is not None:
-        cache_mb = max(plan["cache_bytes"], 1) / MIB  # an engine without its own planner
+    v4flash.load_config(path)  # a missing or foreign checkpoint: its own error, first
+    tok = load_tokenizer(path)  # cheap: a bad tokenizer.json fails before the long load
     t0 = time.perf_counter()
-    kw: Dict[str, Any] = dict(threads=args.threads, expert_cache_mb=cache_mb, ctx=args.ctx)
-    for opt, key in (
-        ("io", "io"),
-        ("cache_policy", "cache_policy"),
-        ("io_threads", "io_threads"),
-        ("numerics", "numerics"),
-    ):
+    kw: Dict[str, Any] = dict(
+        ram_gb=args.ram, threads=args.threads, expert_cache_mb=args.expert_cache_mb, ctx=args.ctx
+    )
+    for opt in ("io", "cache_policy", "io_threads", "numerics"):
         if getattr(args, opt, None) is not None:
-            kw[key] = getattr(args, opt)
-    if plan.get("source") == "engine":
-        kw["ram_gb"] = args.ram
+            kw[opt] = getattr(args, opt)
     if err.is_terminal:
         with err.status(f"loading {path} …", spinner="dots"):
             model = v4flash.load(path, **kw)
     else:
         model = v4flash.load(path, **kw)
-    tok = load_tokenizer(path)
-    print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if not getattr(args, "quiet", False):
+        plan = model.plan()
+        print(plan_line(plan, model.threads, model.numerics), file=sys.stderr)
+        if getattr(args, "verbose", False):
+            for k, v in plan_table(plan):
+                print(f"  {k + ':':<28} {v}", file=sys.stderr)
+            st = model.stats()
+            print(
+                f"  {'expert reads:':<28} {st.get('io_engine')} "
+                f"({'direct I/O' if st.get('direct_io') else 'page cache'}, --io "
+                f"{model.io_mode}) · cache policy {model.cache_policy} · prefill chunk "
+                f"{plan.get('prefill_chunk')} tokens · ctx {model.ctx:,}",
+                file=sys.stderr,
+            )
+        print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return model, tok
 
 
@@ -370,9 +459,7 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
         )
         return 1
     try:
-        plan = plan_summary(
-            path, args.ram, ctx=args.ctx, expert_cache_mb=args.expert_cache_mb, inspection=ins
-        )
+        plan = plan_summary(path, args.ram, ctx=args.ctx, expert_cache_mb=args.expert_cache_mb)
     except (ValueError, MemoryError) as e:
         print(f"v4flash: error: {e}", file=sys.stderr)
         return 1
@@ -415,18 +502,48 @@ def _machine_checks(out, marks) -> None:
         pass
 
 
-def _read_prompt(args: argparse.Namespace) -> str:
-    if args.prompt is not None:
-        return args.prompt
-    if sys.stdin is None or sys.stdin.isatty():
-        raise CliError('run needs a prompt: v4flash run "your question" (or pipe it on stdin)', 2)
-    return sys.stdin.read()
+def _piped_stdin(stdin: Any) -> bool:
+    """True when stdin is a pipe or a redirected file (``cat f | v4flash run ...``,
+    ``< f``): data to read that ends. Not for a terminal, /dev/null, a socket, or a stand-in
+    without a file descriptor."""
+    import stat
+
+    if stdin is None:
+        return False
+    try:
+        mode = os.fstat(stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def read_prompt(args: argparse.Namespace, stdin: Any = None) -> str:
+    """The prompt: the argument (or ``-p``), piped stdin, or both: the piped text, a blank
+    line, then the argument (an instruction after the text it is about, as
+    ``cat notes.txt | v4flash run "Summarize"`` reads)."""
+    stdin = sys.stdin if stdin is None else stdin
+    given = [x for x in (args.prompt, args.prompt_option) if x is not None]
+    if len(given) > 1:
+        raise CliError("give the prompt once: as an argument or with -p/--prompt, not both", 2)
+    arg = given[0] if given else None
+    if arg is None:
+        if stdin is None or stdin.isatty():
+            raise CliError(
+                'run needs a prompt: v4flash run "your question" (or pipe it on stdin)', 2
+            )
+        return stdin.read()
+    if not _piped_stdin(stdin):
+        return arg
+    piped = stdin.read()
+    if not piped.strip():
+        return arg
+    return piped.rstrip() + "\n\n" + arg
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .chat import Conversation, PrefillBar, Sampling
+    from .chat import Conversation, PrefillBar, Sampling, detail_line
 
-    prompt = _read_prompt(args)
+    prompt = read_prompt(args)
     if not prompt.strip():
         raise CliError("the prompt is empty", 2)
     path, demo = resolve_model(args)
@@ -450,7 +567,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         state["phase"] = kind
 
-    bar = PrefillBar(_err_console())
+    bar = PrefillBar(_err_console() if not args.quiet else None)
     try:
         if args.raw:
             conv = Conversation(model, tok, thinking=False)
@@ -466,6 +583,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = conv.respond(prompt, sampling, on_text, bar.callback)
     finally:
         bar.stop()
+    if state["phase"] == "reasoning":  # the reasoning ended the output: end its line
+        sys.stderr.write("\n")
+        sys.stderr.flush()
     if result.stats.get("error"):
         raise CliError(result.stats["error"])
     if args.json:
@@ -486,8 +606,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not result.text.endswith("\n"):
             sys.stdout.write("\n")
         sys.stdout.flush()
-        s = result.stats
-        print(_status_text(s), file=sys.stderr)
+        if args.verbose:
+            print(detail_line(result.stats), file=sys.stderr)
+        elif not args.quiet:
+            print(_status_text(result.stats), file=sys.stderr)
     return 130 if result.stop == "interrupted" else 0
 
 
@@ -513,6 +635,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         system=args.system,
         reasoning_effort=args.reasoning_effort,
         demo=demo,
+        verbosity=-1 if args.quiet else (1 if args.verbose else 0),
     )
     code = app.run()
     if args.stats_json:
@@ -595,15 +718,19 @@ def _utf8_streams() -> None:
             pass
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if args.predict:
+        return bench.predict(args.mem_gbs, args.mem_gb, args.threads, args.json)
+    path, _ = resolve_model(args)
+    return bench.bench_command(path, args)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _utf8_streams()
-    with_bench = _has_bench()
-    if with_bench and argv[:1] == ["bench"]:
-        from . import bench  # type: ignore[attr-defined]
-
-        return int(bench.main(argv[1:]) or 0)
-    parser = _parser(with_bench)
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -617,6 +744,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_chat(args)
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "bench":
+            return cmd_bench(args)
     except CliError as e:
         print(f"v4flash: error: {e}", file=sys.stderr)
         return e.code

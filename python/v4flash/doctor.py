@@ -1,5 +1,5 @@
 """Checkpoint inspection for ``info`` / ``doctor`` (headers and the index only: no tensor
-data is read) and the memory-plan summary shown before loading."""
+data is read) and the memory plan (the engine's planner) in the words the CLI prints."""
 
 from __future__ import annotations
 
@@ -364,8 +364,6 @@ def _gb(n: float) -> str:
 # Memory plan
 # --------------------------------------------------------------------------------------------
 
-_OVERHEAD = 400 * MIB  # Python, libraries, thread stacks, allocator slack (the Rust planner's)
-
 
 def plan_summary(
     model_dir: os.PathLike,
@@ -373,74 +371,25 @@ def plan_summary(
     *,
     ctx: Optional[int] = None,
     expert_cache_mb: Optional[float] = None,
-    inspection: Optional[Inspection] = None,
 ) -> Dict[str, Any]:
-    """The memory plan for ``ram_gb``: resident dense weights, session state, overhead and the
-    expert cache that fits in the rest. Uses the engine's planner (``_core.plan``) when the
-    build has it, else an estimate from the tensor table. Raises ``ValueError`` when the
-    budget cannot hold the dense part."""
-    from . import _core, model
+    """The engine's memory plan for ``ram_gb`` (``_core.plan``, no weights loaded): resident
+    dense weights, session state, scratch, overhead and the expert cache that fits in the
+    rest. Raises ``MemoryError`` (with the size that would work) when the budget cannot."""
+    from . import model
 
-    if getattr(_core, "plan", None) is not None and hasattr(model, "plan"):
-        d = model.plan(model_dir, ram_gb, ctx=ctx, expert_cache_mb=expert_cache_mb)
-        d["source"] = "engine"
-        return d
-    ram_bytes = None if ram_gb is None else int(ram_gb * GB)
-    cache_bytes = None if expert_cache_mb is None else int(expert_cache_mb * MIB)
-    ins = inspection if inspection is not None else inspect_checkpoint(model_dir, False)
-    if ins.config is None or not ins.tensors:
-        raise ValueError(
-            f"{model_dir}: cannot plan memory: "
-            + "; ".join(f"{w}: {d}" for _, w, d in ins.problems)
-        )
-    dense = experts = 0
-    for t in ins.tensors.values():
-        if t.name.startswith("mtp."):
-            continue
-        if is_routed_expert(t.name):
-            experts += t.nbytes
-        else:
-            dense += t.nbytes
-    cfg = ins.config
-    total_experts = cfg.num_hidden_layers * cfg.n_routed_experts
-    slot = experts // total_experts if total_experts else 0
-    n_ctx = ctx or cfg.max_position_embeddings
-    state = 0  # the engine's planner accounts for the session state; not estimated here
-    if cache_bytes is not None:
-        slots = max(1, cache_bytes // slot) if slot else 0
-    elif ram_bytes is not None:
-        free = ram_bytes - dense - state - _OVERHEAD
-        if free < slot:
-            need = dense + state + _OVERHEAD + slot
-            raise MemoryError(
-                f"--ram {ram_gb:g} GB cannot hold the resident weights ({_gb(dense)}) plus "
-                f"overhead; at least {need / GB:.2f} GB is needed"
-            )
-        slots = min(total_experts, free // slot)
-    else:
-        slots = total_experts
-    d = {
-        "budget_bytes": ram_bytes,
-        "available_bytes": None,
-        "dense_bytes": dense,
-        "state_bytes": state,
-        "scratch_bytes": 0,
-        "overhead_bytes": _OVERHEAD,
-        "slot_bytes": slot,
-        "slots": int(slots),
-        "cache_bytes": int(slots) * slot,
-        "total_experts": total_experts,
-        "ctx": n_ctx,
-        "source": "estimate",
-    }
-    d["total_bytes"] = dense + state + _OVERHEAD + d["cache_bytes"]
-    return d
+    return model.plan(model_dir, ram_gb, ctx=ctx, expert_cache_mb=expert_cache_mb)
+
+
+def plural(n: int, word: str) -> str:
+    """``1 thread``, ``2 threads``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exact") -> str:
     budget = plan.get("budget_bytes")
     frac = plan["slots"] / plan["total_experts"] if plan.get("total_experts") else 0
     avail = plan.get("available_bytes")
+    n_threads = plural(threads or os.cpu_count() or 1, "thread")
     if budget:
         ram = _gb(budget)
     else:
@@ -449,7 +398,7 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exa
         f"plan: RAM budget {ram} · resident "
         f"{_gb(plan['dense_bytes'])} · expert cache {_gb(plan['cache_bytes'])} "
         f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · kernels "
-        f"{kernel_tier()} · {numerics} numerics · {threads or os.cpu_count() or 1} threads"
+        f"{kernel_tier()} · {numerics} numerics · {n_threads}"
     )
 
 
@@ -469,6 +418,6 @@ def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:
             f"{_gb(plan['cache_bytes'])} = {plan['slots']} of {plan['total_experts']} experts "
             f"x {_gb(plan['slot_bytes'])}",
         ),
-        ("total", f"{_gb(plan['total_bytes'])} ({plan.get('source', 'engine')})"),
+        ("total", _gb(plan["total_bytes"])),
     ]
     return rows
