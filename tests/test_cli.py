@@ -307,6 +307,17 @@ def test_info_and_doctor_pass_on_the_fixtures(capsys, name):
     assert "FAIL" not in p.stdout and "all checks passed" in p.stdout
 
 
+def test_info_plan_table_names_every_part_of_the_total(capsys):
+    plan = v4flash.plan(FIXTURES / "tiny-a", ram_gb=1)
+    p = main_(capsys, "info", "-m", FIXTURES / "tiny-a", "--ram", 1)
+    assert p.returncode == 0, p.stderr
+    parts = ["resident weights", "session state", "scratch", "overhead", "expert cache"]
+    if plan.get("span_bytes"):
+        parts.append(f"prefill span ({plan['prefill_span']:,} tokens)")
+    for what in parts:
+        assert what in p.stdout, what
+
+
 def test_info_without_model_describes_the_demo(capsys):
     p = main_(capsys, "info")
     assert p.returncode == 0, p.stderr

@@ -411,8 +411,7 @@ def load_model(args: argparse.Namespace, path: Path):
             print(
                 f"  {'expert reads:':<28} {st.get('io_engine')} "
                 f"({'direct I/O' if st.get('direct_io') else 'page cache'}, --io "
-                f"{model.io_mode}) · cache policy {model.cache_policy} · prefill chunk "
-                f"{plan.get('prefill_chunk')} tokens · ctx {model.ctx:,}",
+                f"{model.io_mode}) · cache policy {model.cache_policy} · ctx {model.ctx:,}",
                 file=sys.stderr,
             )
         print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

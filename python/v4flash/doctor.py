@@ -410,7 +410,10 @@ def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:
     if plan.get("state_bytes"):
         rows.append((f"session state (ctx {plan['ctx']:,})", _gb(plan["state_bytes"])))
     if plan.get("scratch_bytes"):
-        rows.append(("scratch", _gb(plan["scratch_bytes"])))
+        chunk = f" (prefill chunk {plan['prefill_chunk']:,})" if plan.get("prefill_chunk") else ""
+        rows.append((f"scratch{chunk}", _gb(plan["scratch_bytes"])))
+    if plan.get("span_bytes"):
+        rows.append((f"prefill span ({plan['prefill_span']:,} tokens)", _gb(plan["span_bytes"])))
     rows += [
         ("overhead", _gb(plan["overhead_bytes"])),
         (
