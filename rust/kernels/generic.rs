@@ -228,6 +228,34 @@ macro_rules! simd_kernel {
                 unsafe { go(self, w, (nrows, cols), x, (n, out)) }
             }
 
+            fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(s: $tier, a: &[f32], b: &[f32]) -> f32 {
+                    $crate::kernels::generic::dot(s, a, b)
+                }
+                // SAFETY: as in `dot_x1`.
+                unsafe { go(self, a, b) }
+            }
+
+            fn attend(self, q: &[f32], keys: &[&[f32]], scale: f32, sink: f32, out: &mut [f32]) {
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(
+                    s: $tier,
+                    q: &[f32],
+                    keys: &[&[f32]],
+                    (scale, sink): (f32, f32),
+                    out: &mut [f32],
+                ) {
+                    $crate::kernels::generic::attend(s, q, keys, scale, sink, out)
+                }
+                // SAFETY: as in `dot_x1`.
+                unsafe { go(self, q, keys, (scale, sink), out) }
+            }
+
             fn fma_probe(self, iters: usize) -> (f32, u64) {
                 /// # Safety
                 /// The CPU must have the enabled features.
@@ -570,6 +598,117 @@ pub(crate) fn gemm<S: Simd, const R: usize>(
     }
     for (o, a) in out.iter_mut().zip(accs.chunks_exact(l)) {
         *o = s.hsum(ld(s, a, 0));
+    }
+}
+
+// ---- attention: one query head against its keys ----
+//
+// `dot` is one FMA chain over L-lane chunks in order, then the fixed-tree `hsum`, then the
+// tail columns added in order: the same value for a pair of vectors wherever it is computed.
+// `attend` takes the dots of the query with each key, a softmax over them and the sink, and
+// the probability-weighted sum of the keys, each output column summed over the keys in order.
+
+/// a · b over min(len) columns.
+#[inline(always)]
+pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
+    let d = a.len().min(b.len());
+    let (a, b) = (&a[..d], &b[..d]);
+    let full = d / S::LANES * S::LANES;
+    let mut acc = s.splat(0.0);
+    let mut c = 0;
+    while c < full {
+        acc = s.fma(ld(s, a, c), ld(s, b, c), acc);
+        c += S::LANES;
+    }
+    let mut r = s.hsum(acc);
+    for i in full..d {
+        r += a[i] * b[i];
+    }
+    r
+}
+
+/// Four keys against one query at once (they share each query load); every key's value is
+/// its `dot`.
+#[inline(always)]
+fn dot4<S: Simd>(s: S, q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    let d = q.len();
+    let full = d / S::LANES * S::LANES;
+    for kk in &k {
+        assert!(kk.len() >= d);
+    }
+    let mut acc = [s.splat(0.0); 4];
+    let mut c = 0;
+    while c < full {
+        let qv = ld(s, q, c);
+        for j in 0..4 {
+            acc[j] = s.fma(qv, ld(s, k[j], c), acc[j]);
+        }
+        c += S::LANES;
+    }
+    let mut r = [0f32; 4];
+    for j in 0..4 {
+        r[j] = s.hsum(acc[j]);
+        for i in full..d {
+            r[j] += q[i] * k[j][i];
+        }
+    }
+    r
+}
+
+/// out [d] = Σ_j p_j · keys[j] with p = softmax([q · keys[j] · scale]_j ++ [sink]) (the sink
+/// only takes part in the normaliser). Every key holds at least d = q.len() = out.len() values.
+#[inline(always)]
+pub(crate) fn attend<S: Simd>(
+    s: S,
+    q: &[f32],
+    keys: &[&[f32]],
+    scale: f32,
+    sink: f32,
+    out: &mut [f32],
+) {
+    let d = q.len();
+    assert!(out.len() == d && keys.iter().all(|k| k.len() >= d));
+    let mut p = Vec::with_capacity(keys.len() + 1);
+    let mut groups = keys.chunks_exact(4);
+    for g in &mut groups {
+        p.extend(dot4(s, q, [g[0], g[1], g[2], g[3]]).map(|v| v * scale));
+    }
+    for k in groups.remainder() {
+        p.push(dot(s, q, k) * scale);
+    }
+    p.push(sink);
+    super::ops::softmax(&mut p);
+    // four output chunks at a time, every key in order into each
+    let l = S::LANES;
+    let full = d / l * l;
+    let mut c = 0;
+    while c + 4 * l <= full {
+        let mut acc = [s.splat(0.0); 4];
+        for (k, &pj) in keys.iter().zip(&p) {
+            let pv = s.splat(pj);
+            for i in 0..4 {
+                acc[i] = s.fma(pv, ld(s, k, c + i * l), acc[i]);
+            }
+        }
+        for i in 0..4 {
+            st(s, out, c + i * l, acc[i]);
+        }
+        c += 4 * l;
+    }
+    while c < full {
+        let mut acc = s.splat(0.0);
+        for (k, &pj) in keys.iter().zip(&p) {
+            acc = s.fma(s.splat(pj), ld(s, k, c), acc);
+        }
+        st(s, out, c, acc);
+        c += l;
+    }
+    for i in full..d {
+        let mut v = 0f32;
+        for (k, &pj) in keys.iter().zip(&p) {
+            v += pj * k[i];
+        }
+        out[i] = v;
     }
 }
 

@@ -266,6 +266,36 @@ fn run_q8(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &m
     with_kernel!(tier, k => driver::matmul_q8(k, m, rows, x, n, y))
 }
 
+/// a · b on the active tier (one FMA chain over vector chunks, a fixed-tree lane sum, then
+/// the tail): the same value for the same vectors wherever it is computed.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    with_kernel!(active_tier(), k => k.dot(a, b))
+}
+
+/// One attention head for one query on the active tier: out [d] = Σ_j p_j · keys[j], with
+/// p = softmax([q · keys[j] · scale]_j ++ [sink]) (the sink only enters the normaliser).
+/// Every key holds at least d = q.len() = out.len() values.
+pub fn attend(q: &[f32], keys: &[&[f32]], scale: f32, sink: f32, out: &mut [f32]) {
+    assert!(out.len() == q.len(), "attend: out must be [d]");
+    with_kernel!(active_tier(), k => k.attend(q, keys, scale, sink, out))
+}
+
+/// `attend` on a given tier (tests). Errors if the CPU lacks the tier.
+pub fn attend_tier(
+    tier: Tier,
+    q: &[f32],
+    keys: &[&[f32]],
+    scale: f32,
+    sink: f32,
+    out: &mut [f32],
+) -> Result<(), String> {
+    if !tier.available() {
+        return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
+    }
+    assert!(out.len() == q.len(), "attend: out must be [d]");
+    with_kernel!(tier, k => { k.attend(q, keys, scale, sink, out); Ok(()) })
+}
+
 /// Benchmark support: runs a register-only multiply-add loop on `tier` and returns
 /// (a value to keep the loop alive, f32 flops performed), or None if the CPU lacks the tier.
 /// The ratio flops / time is the tier's arithmetic peak on one thread.

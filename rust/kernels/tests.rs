@@ -509,3 +509,82 @@ fn kernels_golden_outputs() {
     }
     assert!(bad.is_empty(), "outputs changed: {bad:?}");
 }
+
+/// The attention head against an f64 reference on every tier: probabilities from the dots,
+/// the softmax with the sink, the weighted key sum; odd widths and key counts included.
+#[test]
+fn kernels_attend_matches_f64_reference() {
+    let mut rng = Rng(0x5eed_a77e);
+    for tier in Tier::ALL.into_iter().filter(|t| t.available()) {
+        for &d in &[1usize, 8, 16, 50, 64, 128, 512] {
+            for &nk in &[1usize, 3, 4, 5, 9, 130] {
+                let q: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
+                let keys: Vec<Vec<f32>> = (0..nk)
+                    .map(|_| (0..d + 3).map(|_| rng.f32() * 2.0).collect())
+                    .collect();
+                let kr: Vec<&[f32]> = keys.iter().map(|k| &k[..]).collect();
+                let (scale, sink) = (0.7f32, 0.3f32);
+                let mut out = vec![f32::NAN; d];
+                attend_tier(tier, &q, &kr, scale, sink, &mut out).unwrap();
+                // f64 reference
+                let mut lg: Vec<f64> = kr
+                    .iter()
+                    .map(|k| (0..d).map(|i| q[i] as f64 * k[i] as f64).sum::<f64>() * scale as f64)
+                    .collect();
+                lg.push(sink as f64);
+                let m = lg.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = lg.iter().map(|v| (v - m).exp()).sum();
+                for i in 0..d {
+                    let want: f64 = kr
+                        .iter()
+                        .zip(&lg)
+                        .map(|(k, l)| (l - m).exp() / z * k[i] as f64)
+                        .sum();
+                    let tol = 1e-5 * (1.0 + want.abs()) * (d as f64).sqrt();
+                    assert!(
+                        (out[i] as f64 - want).abs() <= tol,
+                        "{} d={d} keys={nk} col {i}: {} vs {want}",
+                        tier.name(),
+                        out[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// One key whose probability is 1 comes back exactly (whatever its place in a group of
+/// four), and reordering the keys changes the result at rounding level only.
+#[test]
+fn kernels_attend_single_key_is_exact_and_key_order_only_rounds() {
+    let mut rng = Rng(77);
+    let d = 96;
+    let q: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
+    let keys: Vec<Vec<f32>> = (0..9)
+        .map(|_| (0..d).map(|_| rng.f32()).collect())
+        .collect();
+    let kr: Vec<&[f32]> = keys.iter().map(|k| &k[..]).collect();
+    for tier in Tier::ALL.into_iter().filter(|t| t.available()) {
+        // one key and a sink of -inf: p = [1], out = that key exactly
+        for j in 0..kr.len() {
+            let mut out = vec![0f32; d];
+            let one = [kr[j]];
+            attend_tier(tier, &q, &one, 1.0, f32::NEG_INFINITY, &mut out).unwrap();
+            assert_eq!(out, keys[j], "{} key {j} alone", tier.name());
+        }
+        // the same keys in another order: the same dots feed the same softmax terms
+        let mut a = vec![0f32; d];
+        let mut b = vec![0f32; d];
+        attend_tier(tier, &q, &kr, 0.1, 0.0, &mut a).unwrap();
+        let mut kr2 = kr.clone();
+        kr2.rotate_left(1);
+        attend_tier(tier, &q, &kr2, 0.1, 0.0, &mut b).unwrap();
+        for i in 0..d {
+            assert!(
+                (a[i] - b[i]).abs() <= 1e-6 * (1.0 + a[i].abs()),
+                "{}",
+                tier.name()
+            );
+        }
+    }
+}

@@ -7,7 +7,7 @@ use super::compressor::{CompState, CompressorWeights};
 use super::rope::Rope;
 use super::weights::Linear;
 use crate::config::{LayerKind, ModelConfig};
-use crate::kernels::{ops, Numerics};
+use crate::kernels::{self, ops, Numerics};
 use rayon::prelude::*;
 
 pub struct IndexerWeights {
@@ -139,15 +139,7 @@ impl AttnWeights {
                     }
                 }
             }
-            let mut logits: Vec<f32> = ks.iter().map(|k| ops::dot(qh, k) * scale).collect();
-            logits.push(self.sinks[h]);
-            ops::softmax(&mut logits);
-            out.fill(0.0);
-            for (k, &p) in ks.iter().zip(&logits) {
-                for (o, &v) in out.iter_mut().zip(k.iter()) {
-                    *o += p * v;
-                }
-            }
+            kernels::attend(qh, &ks, scale, self.sinks[h], out);
         });
         for (t, ot) in o.chunks_exact_mut(nh * d).enumerate() {
             rope.apply(ot, d, pos0 + t, -1.0);
@@ -219,7 +211,7 @@ impl AttnWeights {
                         let ke = &st.entries[e * id..(e + 1) * id];
                         let mut s = 0f32;
                         for h in 0..ih {
-                            let dp = ops::dot(&qt[h * id..(h + 1) * id], ke).max(0.0) * sm;
+                            let dp = kernels::dot(&qt[h * id..(h + 1) * id], ke).max(0.0) * sm;
                             s += dp * (wts[t * ih + h] * ws);
                         }
                         (s, e)
