@@ -220,13 +220,17 @@ fn prefill(c: &mut Criterion) {
     }
     drop(g);
 
-    let (rows, cols) = (1024, 4096);
     let mut g = c.benchmark_group("prefill");
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2))
         .sampling_mode(SamplingMode::Flat);
-    for (kname, kind) in [("fp8", Kind::Fp8), ("fp4", Kind::Fp4)] {
+    // 1024x4096 (wq_a-like), 32768x1024 (wq_b: short rows, many row groups)
+    for (kname, kind, rows, cols) in [
+        ("fp8", Kind::Fp8, 1024, 4096),
+        ("fp8", Kind::Fp8, 32768, 1024),
+        ("fp4", Kind::Fp4, 1024, 4096),
+    ] {
         let o = make(kind, rows, cols, 3);
         let m = mat(kind, rows, cols, &o);
         // n = 6: what one routed expert sees in a ~256-token prefill chunk (6 of 256 experts

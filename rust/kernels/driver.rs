@@ -58,7 +58,8 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// layout, zero padded.
     fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]);
     /// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n over cols (rounded up to LANES);
-    /// wbuf rows and xp tokens are `stride` apart.
+    /// wbuf rows and xp tokens are `stride` apart. `accs` is scratch of at least
+    /// nrows * n * LANES f32 (any contents), reused across calls.
     fn gemm(
         self,
         wbuf: &[f32],
@@ -68,6 +69,7 @@ pub(crate) trait Kernel: Copy + Send + Sync {
         xp: &[f32],
         n: usize,
         out: &mut [f32],
+        accs: &mut [f32],
     );
     /// Fast numerics, FP4 rows only: out[r] = row r · x with int8 activations (xq [cols] in
     /// the FP4 block order, xd [cols / 32] steps; see `quant`).
@@ -76,7 +78,7 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// [nrows, cols / 32] their block scales (e8m0 / 2).
     fn decode_q8(self, w: &RowsView, wq: &mut [i8], ws: &mut [f32]);
     /// out[r, t] = (wq, ws)[r] · (xq, xd)[t] for r < nrows, t < n; rows and tokens are
-    /// `cols` int8 apart.
+    /// `cols` int8 apart. `accs`: scratch as in `gemm`.
     fn gemm_q8(
         self,
         w: (&[i8], &[f32]),
@@ -85,6 +87,7 @@ pub(crate) trait Kernel: Copy + Send + Sync {
         x: (&[i8], &[f32]),
         n: usize,
         out: &mut [f32],
+        accs: &mut [f32],
     );
     /// a · b (see `generic::dot`).
     fn dot(self, a: &[f32], b: &[f32]) -> f32;
@@ -190,49 +193,91 @@ pub(crate) fn matmul<K: Kernel>(
         r = e;
     }
 
-    // Outputs are computed row-major ([nr, n]) so tasks own contiguous slices.
-    let mut tmp = Vec::new();
-    let out: &mut [f32] = if n == 1 {
-        y
-    } else {
-        tmp.resize(nr * n, 0f32);
-        &mut tmp
-    };
-    let mut parts = Vec::with_capacity(tasks.len());
-    let mut rest = out;
-    for tr in tasks {
-        let (a, b) = rest.split_at_mut(tr.len() * n);
-        parts.push((tr, a));
-        rest = b;
-    }
-    parts.into_par_iter().for_each(|(tr, o)| {
+    let post = if fp8 { 256.0 } else { 1.0 };
+    run_tasks(tasks, rows.start, n, y, |tr, o| {
         if n == 1 {
             k.dot_x1(&view(m, tr.clone()), &xp, o);
         } else {
             let mut wbuf = vec![0f32; GROUP * cp];
+            // the micro-kernel's accumulators, once per task (not once per row group)
+            let mut accs = vec![0f32; GROUP * n * K::LANES];
             let mut g0 = tr.start;
             while g0 < tr.end {
                 let g1 = (g0 + GROUP).min(tr.end);
                 let gl = g1 - g0;
                 k.decode(&view(m, g0..g1), cp, &mut wbuf[..gl * cp]);
                 let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
-                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, &xp, n, oo);
+                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, &xp, n, oo, &mut accs);
                 g0 = g1;
             }
         }
-        if fp8 {
+        if post != 1.0 {
             for v in o.iter_mut() {
-                *v *= 256.0;
+                *v *= post;
             }
         }
     });
-    if n > 1 {
-        // [nr, n] -> [n, nr]
-        for (r, tr) in tmp.chunks_exact(n).enumerate() {
-            for (i, &v) in tr.iter().enumerate() {
-                y[i * nr + r] = v;
+}
+
+/// y [n, nr] (nr = the rows the tasks cover, from `row0`) by running `f(rows, out)` for each
+/// task in parallel, `out` being that task's block [rows.len(), n] (row-major). For n == 1
+/// the block is y's own slice; otherwise each task copies its block into its columns of y
+/// (for every token a contiguous run), so no [nr, n] buffer and no serial transpose exist.
+fn run_tasks(
+    tasks: Vec<Range<usize>>,
+    row0: usize,
+    n: usize,
+    y: &mut [f32],
+    f: impl Fn(&Range<usize>, &mut [f32]) + Sync,
+) {
+    let nr: usize = tasks.iter().map(|t| t.len()).sum();
+    assert_eq!(y.len(), nr * n, "y must be [n, rows]");
+    if n == 1 {
+        let mut parts = Vec::with_capacity(tasks.len());
+        let mut rest = y;
+        for tr in tasks {
+            let (a, b) = rest.split_at_mut(tr.len());
+            parts.push((tr, a));
+            rest = b;
+        }
+        parts.into_par_iter().for_each(|(tr, o)| f(&tr, o));
+        return;
+    }
+    // the tasks' row ranges tile row0..row0 + nr without overlap (checked here)
+    let mut at = row0;
+    for tr in &tasks {
+        assert_eq!(tr.start, at, "tasks must tile the rows in order");
+        at = tr.end;
+    }
+    let dst = SharedOut(y.as_mut_ptr());
+    tasks.into_par_iter().for_each(|tr| {
+        let mut o = vec![0f32; tr.len() * n];
+        f(&tr, &mut o);
+        let c0 = tr.start - row0;
+        for t in 0..n {
+            // SAFETY: y holds [n, nr] (asserted) and stays borrowed for this whole call;
+            // element (t, c0 + i) for i < tr.len() is inside it, and no other task writes
+            // columns c0..c0 + tr.len() (the ranges tile the rows without overlap, checked
+            // above), so these writes never race.
+            let row = unsafe { std::slice::from_raw_parts_mut(dst.at(t * nr + c0), tr.len()) };
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = o[i * n + t];
             }
         }
+    });
+}
+
+/// y's base pointer, shared by the tasks of `run_tasks` (each writes only its own columns).
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: the pointer is only used by `run_tasks`, whose tasks write disjoint elements of a
+// buffer that outlives them.
+unsafe impl Send for SharedOut {}
+// SAFETY: as for Send.
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
     }
 }
 
@@ -259,44 +304,29 @@ pub(crate) fn matmul_q8<K: Kernel>(
     let (cols, nb) = (m.cols, m.cols / 32);
     let qx = quantize(x, cols); // q [n, cols], d [n, nb]
     let step = task_rows(nr);
-    let mut tmp = Vec::new();
-    let out: &mut [f32] = if n == 1 {
-        y
-    } else {
-        tmp.resize(nr * n, 0f32);
-        &mut tmp
-    };
-    let mut parts = Vec::new();
-    let (mut rest, mut r) = (out, rows.start);
+    let mut tasks = Vec::new();
+    let mut r = rows.start;
     while r < rows.end {
         let e = (r + step).min(rows.end);
-        let (a, b) = rest.split_at_mut((e - r) * n);
-        parts.push((r..e, a));
-        rest = b;
+        tasks.push(r..e);
         r = e;
     }
-    parts.into_par_iter().for_each(|(tr, o)| {
+    run_tasks(tasks, rows.start, n, y, |tr, o| {
         if n == 1 {
             k.dot_q8_x1(&view(m, tr.clone()), &qx.q, &qx.d, o);
         } else {
             // [GROUP, cols] int8 weights and [GROUP, nb] block scales
             let (mut wq, mut ws) = (vec![0i8; GROUP * cols], vec![0f32; GROUP * nb]);
+            let mut accs = vec![0f32; GROUP * n * K::LANES];
             let mut g0 = tr.start;
             while g0 < tr.end {
                 let g1 = (g0 + GROUP).min(tr.end);
                 let gl = g1 - g0;
                 k.decode_q8(&view(m, g0..g1), &mut wq[..gl * cols], &mut ws[..gl * nb]);
                 let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
-                k.gemm_q8((&wq, &ws), gl, cols, (&qx.q, &qx.d), n, oo);
+                k.gemm_q8((&wq, &ws), gl, cols, (&qx.q, &qx.d), n, oo, &mut accs);
                 g0 = g1;
             }
         }
     });
-    if n > 1 {
-        for (r, tr) in tmp.chunks_exact(n).enumerate() {
-            for (i, &v) in tr.iter().enumerate() {
-                y[i * nr + r] = v;
-            }
-        }
-    }
 }

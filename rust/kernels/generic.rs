@@ -164,6 +164,7 @@ macro_rules! simd_kernel {
                 xp: &[f32],
                 n: usize,
                 out: &mut [f32],
+                accs: &mut [f32],
             ) {
                 /// # Safety
                 /// The CPU must have the enabled features.
@@ -171,14 +172,14 @@ macro_rules! simd_kernel {
                 unsafe fn go(
                     s: $tier,
                     (wbuf, nrows, cols, stride): (&[f32], usize, usize, usize),
-                    (xp, n, out): (&[f32], usize, &mut [f32]),
+                    (xp, n, out, accs): (&[f32], usize, &mut [f32], &mut [f32]),
                 ) {
                     $crate::kernels::generic::gemm::<_, $rg>(
-                        s, wbuf, nrows, cols, stride, xp, n, out,
+                        s, wbuf, nrows, cols, stride, xp, n, out, accs,
                     )
                 }
                 // SAFETY: as in `dot_x1`.
-                unsafe { go(self, (wbuf, nrows, cols, stride), (xp, n, out)) }
+                unsafe { go(self, (wbuf, nrows, cols, stride), (xp, n, out, accs)) }
             }
 
             fn dot_q8_x1(self, w: &RowsView, xq: &[i8], xd: &[f32], out: &mut [f32]) {
@@ -211,6 +212,7 @@ macro_rules! simd_kernel {
                 x: (&[i8], &[f32]),
                 n: usize,
                 out: &mut [f32],
+                accs: &mut [f32],
             ) {
                 /// # Safety
                 /// The CPU must have the enabled features.
@@ -220,12 +222,14 @@ macro_rules! simd_kernel {
                     w: (&[i8], &[f32]),
                     (nrows, cols): (usize, usize),
                     x: (&[i8], &[f32]),
-                    (n, out): (usize, &mut [f32]),
+                    (n, out, accs): (usize, &mut [f32], &mut [f32]),
                 ) {
-                    $crate::kernels::generic::gemm_q8::<_, $rq>(s, w, nrows, cols, x, n, out)
+                    $crate::kernels::generic::gemm_q8::<_, $rq>(
+                        s, w, nrows, cols, x, n, out, accs,
+                    )
                 }
                 // SAFETY: as in `dot_x1`.
-                unsafe { go(self, w, (nrows, cols), x, (n, out)) }
+                unsafe { go(self, w, (nrows, cols), x, (n, out, accs)) }
             }
 
             fn dot(self, a: &[f32], b: &[f32]) -> f32 {
@@ -505,7 +509,7 @@ const PANEL: usize = 512;
 
 /// R rows x T tokens over chunks c0..c1 of the prefill product. Each (row, token) keeps
 /// its accumulator vector in `accs` ([rows, n, L]) between panels, so its FMA chain is the
-/// same as in `rows_x1`.
+/// same as in `rows_x1`; the first panel (c0 == 0) starts from zero instead of `accs`.
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const T: usize>(
     s: S,
@@ -527,9 +531,11 @@ fn tile<S: Simd, const R: usize, const T: usize>(
     // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
     // c1 within each row / token (asserted), and accs holds [rows, n, L] f32.
     unsafe {
-        for k in 0..R {
-            for t in 0..T {
-                acc[k][t] = s.load(ap.add(((r0 + k) * n + t0 + t) * l));
+        if c0 > 0 {
+            for k in 0..R {
+                for t in 0..T {
+                    acc[k][t] = s.load(ap.add(((r0 + k) * n + t0 + t) * l));
+                }
             }
         }
         for c in c0..c1 {
@@ -563,10 +569,14 @@ pub(crate) fn gemm<S: Simd, const R: usize>(
     xp: &[f32],
     n: usize,
     out: &mut [f32],
+    accs: &mut [f32],
 ) {
     let l = S::LANES;
     let nch = cols.div_ceil(l);
-    let mut accs = vec![0f32; nrows * n * l];
+    assert!(
+        accs.len() >= nrows * n * l,
+        "gemm: accs must hold [nrows, n, L]"
+    );
     // panel -> token tile -> row tile: the x tile stays in L1 across the row tiles and the
     // panel of decoded rows stays in L1 across token tiles.
     let mut c0 = 0;
@@ -578,17 +588,17 @@ pub(crate) fn gemm<S: Simd, const R: usize>(
             let mut r = 0;
             while r + R <= nrows {
                 if three {
-                    tile::<S, R, 3>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                    tile::<S, R, 3>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 } else {
-                    tile::<S, R, 1>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                    tile::<S, R, 1>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 }
                 r += R;
             }
             while r < nrows {
                 if three {
-                    tile::<S, 1, 3>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                    tile::<S, 1, 3>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 } else {
-                    tile::<S, 1, 1>(s, wbuf, r, cp, xp, t, n, cs, &mut accs);
+                    tile::<S, 1, 1>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 }
                 r += 1;
             }
@@ -847,9 +857,11 @@ fn tile_q8<S: Simd, const R: usize, const T: usize>(
     // below nb so each 32-byte block lies inside its row / token, and accs holds
     // [rows, n, L] f32.
     unsafe {
-        for k in 0..R {
-            for t in 0..T {
-                acc[k][t] = s.load(ap.add(((r0 + k) * n + t0 + t) * l));
+        if b0 > 0 {
+            for k in 0..R {
+                for t in 0..T {
+                    acc[k][t] = s.load(ap.add(((r0 + k) * n + t0 + t) * l));
+                }
             }
         }
         for b in b0..b1 {
@@ -881,9 +893,13 @@ pub(crate) fn gemm_q8<S: Simd, const R: usize>(
     (xq, xd): (&[i8], &[f32]),
     n: usize,
     out: &mut [f32],
+    accs: &mut [f32],
 ) {
     let (l, nb) = (S::LANES, cols / 32);
-    let mut accs = vec![0f32; nrows * n * l];
+    assert!(
+        accs.len() >= nrows * n * l,
+        "gemm_q8: accs must hold [nrows, n, L]"
+    );
     let mut b0 = 0;
     while b0 < nb {
         let bs = (b0, (b0 + PANEL_BLOCKS).min(nb));
@@ -893,17 +909,17 @@ pub(crate) fn gemm_q8<S: Simd, const R: usize>(
             let mut r = 0;
             while r + R <= nrows {
                 if three {
-                    tile_q8::<S, R, 3>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, &mut accs);
+                    tile_q8::<S, R, 3>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
                 } else {
-                    tile_q8::<S, R, 1>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, &mut accs);
+                    tile_q8::<S, R, 1>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
                 }
                 r += R;
             }
             while r < nrows {
                 if three {
-                    tile_q8::<S, 1, 3>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, &mut accs);
+                    tile_q8::<S, 1, 3>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
                 } else {
-                    tile_q8::<S, 1, 1>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, &mut accs);
+                    tile_q8::<S, 1, 1>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
                 }
                 r += 1;
             }
