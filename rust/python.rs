@@ -100,6 +100,90 @@ fn run_cancellable<T: Send>(
     }
 }
 
+/// `run_cancellable` for work that reports progress: `f` gets a `report(count)` it calls at
+/// its own steps. Each report is handed to this (the calling) thread, which calls
+/// `progress(count)` with the GIL while the worker waits for it, so the callback sees every
+/// step in order and an exception it raises stops the work at that step (as Ctrl-C does:
+/// the cancel flag is set before the worker goes on) and is raised instead of the result.
+fn run_reporting<T: Send>(
+    py: Python<'_>,
+    progress: Option<&Bound<'_, PyAny>>,
+    f: impl FnOnce(&AtomicBool, &(dyn Fn(u64) + Sync)) -> crate::Result<T> + Send,
+) -> PyResult<T> {
+    let Some(cb) = progress else {
+        return run_cancellable(py, |c| f(c, &|_| {}));
+    };
+    let cb: Py<PyAny> = cb.clone().unbind();
+    let cancel = AtomicBool::new(false);
+    let (result, stopped) = std::thread::scope(|s| {
+        // worker -> caller: Some(count) per report, and the channel closes when `f` ends;
+        // caller -> worker: one reply per report (the worker waits for it)
+        let (ev_tx, ev_rx) = mpsc::channel::<u64>();
+        let (ack_tx, ack_rx) = mpsc::channel::<()>();
+        let cancel = &cancel;
+        let h = s.spawn(move || {
+            let ev_tx = Mutex::new(ev_tx);
+            let ack_rx = Mutex::new(ack_rx);
+            let report = |n: u64| {
+                let sent = ev_tx.lock().map(|t| t.send(n).is_ok()).unwrap_or(false);
+                if sent {
+                    // the caller answers every report; a closed channel means it is gone
+                    let _ = ack_rx.lock().map(|r| r.recv());
+                }
+            };
+            f(cancel, &report)
+        });
+        let stopped = py.detach(move || {
+            let mut stopped: Option<PyErr> = None;
+            loop {
+                match ev_rx.recv_timeout(Duration::from_millis(20)) {
+                    Ok(n) => {
+                        if stopped.is_none() {
+                            if let Err(e) = Python::attach(|py| cb.call1(py, (n,)).map(drop)) {
+                                stopped = Some(e);
+                                cancel.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        let _ = ack_tx.send(());
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        if stopped.is_none() {
+                            if let Err(e) = Python::attach(|py| py.check_signals()) {
+                                stopped = Some(e);
+                                cancel.store(true, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return stopped,
+                }
+            }
+        });
+        (h.join(), stopped)
+    });
+    match result {
+        Ok(Ok(v)) => {
+            if let Some(e) = stopped {
+                if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) {
+                    // finished before it saw the flag: hand the SIGINT back to Python
+                    // SAFETY: called with the GIL held (we are attached here), as the C API
+                    // needs.
+                    unsafe { pyo3::ffi::PyErr_SetInterrupt() };
+                } else {
+                    // cannot happen: after a callback's exception the worker checks the flag
+                    // before any further work
+                    return Err(e);
+                }
+            }
+            Ok(v)
+        }
+        Ok(Err(Error::Cancelled)) => Err(stopped.unwrap_or_else(|| to_py(Error::Cancelled))),
+        Ok(Err(e)) => Err(to_py(e)),
+        Err(_) => Err(PyRuntimeError::new_err(
+            "internal error: the v4flash worker thread panicked",
+        )),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn load_options(
     threads: Option<usize>,
@@ -454,10 +538,22 @@ impl PySession {
     }
 
     /// Feeds tokens (prefill) without sampling.
-    fn feed(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+    /// Prefills `ids`. `progress(n)`, if given, is called from this thread after each layer
+    /// of the prefill, with n = tokens x layers done so far (of (len(ids) + a pending token)
+    /// x layers); an exception it raises stops the prefill there (the session stays as it
+    /// was) and propagates.
+    #[pyo3(signature = (ids, progress=None))]
+    fn feed(
+        &self,
+        py: Python<'_>,
+        ids: Vec<u32>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let mut guard = lock(&self.s)?;
         let s: &mut CoreSession = &mut guard;
-        run_cancellable(py, |c| s.feed(&ids, &|| c.load(Ordering::Relaxed)))
+        run_reporting(py, progress, |c, report| {
+            s.feed_reporting(&ids, &|| c.load(Ordering::Relaxed), report)
+        })
     }
 
     /// Feeds `ids` then samples up to `max_new` tokens, stopping after a stop id or when the

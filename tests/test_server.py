@@ -572,8 +572,10 @@ class ScriptedSession:
     def __init__(self, model):
         self.model, self._tokens = model, []
 
-    def feed(self, ids):
+    def feed(self, ids, progress=None):
         self._tokens += list(ids)
+        if progress is not None:
+            progress(len(ids), len(ids))
 
     def snapshot(self):
         return len(self._tokens)

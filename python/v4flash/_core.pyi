@@ -3,7 +3,7 @@ module by ``python3 -m mypy.stubtest v4flash._core`` in CI. The public API is ``
 and friends (model.py), which check arguments before they reach these functions."""
 
 from os import PathLike
-from typing import Any, Sequence, final
+from typing import Any, Callable, Sequence, final
 
 import numpy as np
 import numpy.typing as npt
@@ -84,7 +84,7 @@ class Session:
     def position(self) -> int: ...
     @property
     def tokens(self) -> list[int]: ...
-    def feed(self, ids: Sequence[int]) -> None: ...
+    def feed(self, ids: Sequence[int], progress: Callable[[int], object] | None = None) -> None: ...
     def generate(
         self,
         ids: Sequence[int],

@@ -252,14 +252,8 @@ class Conversation:
     def _feed(self, ids: List[int], progress: Optional[ProgressCallback]) -> None:
         if not ids:
             return
-        if progress is None:
-            self.session.feed(ids)
-            return
-        # the engine's own prefill span: each piece reads its experts once per layer
-        step = self.model.plan().get("prefill_span", PREFILL_CHUNK)
-        for at in range(0, len(ids), step):
-            self.session.feed(ids[at : at + step])
-            progress(min(at + step, len(ids)), len(ids))
+        # the engine reports its progress itself (layer by layer), the prompt goes in whole
+        self.session.feed(ids, progress=progress)
 
     # --- a turn ----------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -74,9 +74,18 @@ class Session:
     def tokens(self) -> List[int]:
         return list(self._core.tokens)
 
-    def feed(self, ids: IdsLike) -> None:
-        """Prefills tokens (no sampling)."""
-        self._core.feed(self._model._check(_ids(ids)))
+    def feed(self, ids: IdsLike, progress: Optional[Callable[[int, int], Any]] = None) -> None:
+        """Prefills tokens (no sampling). ``progress(done, total)``, if given, is called from
+        this thread as the engine works through the prompt layer by layer (``done`` tokens of
+        ``total``, in whole-model units); an exception it raises stops the prefill, leaves the
+        session as it was, and propagates."""
+        ids = self._model._check(_ids(ids))
+        if progress is None:
+            self._core.feed(ids)
+            return
+        layers = max(self._model.config.num_hidden_layers, 1)
+        total = len(ids)
+        self._core.feed(ids, lambda n: progress(min(n // layers, total), total))
 
     def last_logits(self) -> Optional[np.ndarray]:
         """float32 [vocab] logits after the last fed token (after a rollback: the snapshot's),

@@ -34,7 +34,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from .encoding import DSML, END_THINK, encode_prompt_ids, parse_completion
 
-PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
+
+class _PrefillCancelled(Exception):
+    """Raised from the prefill's progress callback to stop it (the request was cancelled)."""
+
+
 DEFAULT_SESSIONS = 4  # idle sessions a prompt cache keeps
 SNAPSHOTS_PER_SESSION = 4
 
@@ -717,14 +721,22 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
         if j >= cached:
             cut = j + 1
         cut = max(cut, cached)
-        # pieces of the engine's own prefill span (each reads its experts once per layer);
-        # a cancellation is seen between pieces
-        step = model.plan().get("prefill_span", PREFILL_CHUNK)
-        for at in range(cached, cut, step):
+
+        # the whole prefill in one call; the engine reports progress as it goes, and a
+        # cancellation (client gone) is seen within ~20 ms, between layers
+        def check(done: int, total: int) -> None:
             if cancel():
+                raise _PrefillCancelled
+
+        if cancel():
+            yield "end", _end("cancelled", job, cached, [], 0, 0, t0, None, None, "")
+            return
+        if cut > cached:
+            try:
+                sess.feed(prompt[cached:cut], progress=check)
+            except _PrefillCancelled:
                 yield "end", _end("cancelled", job, cached, [], 0, 0, t0, None, None, "")
                 return
-            sess.feed(prompt[at : min(at + step, cut)])
         if cut > cached and cache is not None:
             lease.entry.add_snapshot(cut, sess.snapshot())
         t_prefill = time.perf_counter()

@@ -135,13 +135,25 @@ impl Session {
     /// Feeds the pending token (if any) and `ids` in one forward pass, keeping the logits
     /// after the last one. On error (cancelled included) nothing changes.
     fn flush<C: Fn() -> bool + Sync>(&mut self, ids: &[u32], cancel: &C) -> Result<()> {
+        self.flush_reporting(ids, cancel, &|_| {})
+    }
+
+    /// `flush`, reporting progress to `report` (see `Model::forward_reporting`).
+    fn flush_reporting<C: Fn() -> bool + Sync>(
+        &mut self,
+        ids: &[u32],
+        cancel: &C,
+        report: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
         let mut all = Vec::with_capacity(ids.len() + 1);
         all.extend(self.pending);
         all.extend_from_slice(ids);
         if all.is_empty() {
             return Ok(());
         }
-        let v = self.model.forward(&mut self.st, &all, Want::Last, cancel)?;
+        let v = self
+            .model
+            .forward_reporting(&mut self.st, &all, Want::Last, cancel, report)?;
         self.pending = None;
         self.last = Some(v);
         Ok(())
@@ -150,6 +162,17 @@ impl Session {
     /// Feeds tokens (prefill) without sampling.
     pub fn feed<C: Fn() -> bool + Sync>(&mut self, ids: &[u32], cancel: &C) -> Result<()> {
         self.flush(ids, cancel)
+    }
+
+    /// `feed`, calling `report(tokens x layers done)` after each layer (a pending sampled
+    /// token, fed first, counts as one more token) and checking `cancel` right after.
+    pub fn feed_reporting<C: Fn() -> bool + Sync>(
+        &mut self,
+        ids: &[u32],
+        cancel: &C,
+        report: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
+        self.flush_reporting(ids, cancel, report)
     }
 
     /// One step of `g`: feeds its prompt (first step) or the previous step's token, then

@@ -227,6 +227,23 @@ impl Model {
         want: Want,
         cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<f32>> {
+        self.forward_reporting(st, ids, want, cancel, &|_| {})
+    }
+
+    /// `forward`, calling `report(done)` after each layer of each span, with done = the
+    /// tokens x layers finished so far (of ids.len() x layers), and checking `cancel` right
+    /// after: a caller can show prefill progress, or stop it from `report`.
+    pub fn forward_reporting(
+        &self,
+        st: &mut State,
+        ids: &[u32],
+        want: Want,
+        cancel: &(dyn Fn() -> bool + Sync),
+        report: &(dyn Fn(u64) + Sync),
+    ) -> Result<Vec<f32>> {
+        let done = AtomicU64::new(0);
+        let report = |n: u64| report(done.fetch_add(n, Ordering::Relaxed) + n);
+        let report = &report;
         self.check_ids(ids)?;
         if st.pos() + ids.len() > self.ctx {
             return Err(Error::arg(format!(
@@ -251,7 +268,7 @@ impl Model {
         }
         let snap = st.snapshot();
         let t0 = Instant::now();
-        let r = self.forward_chunks(st, ids, want, cancel);
+        let r = self.forward_chunks(st, ids, want, cancel, report);
         if r.is_err() {
             st.rollback(&snap)?;
         } else {
@@ -272,6 +289,7 @@ impl Model {
         ids: &[u32],
         want: Want,
         cancel: &(dyn Fn() -> bool + Sync),
+        report: &(dyn Fn(u64) + Sync),
     ) -> Result<Vec<f32>> {
         // spans as long as the plan allows (each reads its experts once per layer)
         let size = self.plan.prefill_span.max(self.plan.prefill_chunk).max(1);
@@ -283,7 +301,7 @@ impl Model {
                 Want::Last if si + 1 == n_spans => Want::Last,
                 _ => Want::None,
             };
-            out.extend(self.forward_span(st, span, w, cancel)?);
+            out.extend(self.forward_span(st, span, w, cancel, report)?);
         }
         Ok(out)
     }
@@ -300,6 +318,7 @@ impl Model {
         ids: &[u32],
         want: Want,
         cancel: &(dyn Fn() -> bool + Sync),
+        report: &(dyn Fn(u64) + Sync),
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (h, hcm, n) = (c.hidden_size, c.hc_mult, ids.len());
@@ -370,6 +389,10 @@ impl Model {
                 .moe_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             hc_out(&mut x, &f, &ffn_mixes, hcm);
+            report(n as u64);
+            if cancel() {
+                return Err(Error::Cancelled);
+            }
         }
         st.tokens.extend_from_slice(ids);
         let rows: Vec<usize> = match want {
