@@ -306,7 +306,9 @@ _SIGINT_SCRIPT = textwrap.dedent(
 
     m = v4flash.load(sys.argv[1])
     mode = sys.argv[2]
-    prompt = [0] + [3 + (i * 7) % 590 for i in range(1500)]
+    # long enough that the prefill is still running when the signal comes (about 3 s on
+    # the development VM; 1,500 tokens had become too quick after the prefill speed-ups)
+    prompt = [0] + [3 + (i * 7) % 590 for i in range(12000)]
 
     def interrupt_soon(delay):
         t = threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGINT))
