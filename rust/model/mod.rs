@@ -14,6 +14,7 @@ pub mod weights;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{ops, Numerics};
 use crate::plan::Plan;
@@ -152,6 +153,26 @@ impl Model {
             slot as u64,
         )?;
         let c = &cfg;
+        // a config that describes another model is reported by the embedding's shape
+        ck.expect(
+            "embed.weight",
+            &[DType::BF16, DType::F32, DType::F16],
+            &[c.vocab_size, c.hidden_size],
+        )?;
+        // The expert store next: its slots' pre-fault (first-touch zeroing, about 1 s per GB
+        // on some VMs) then runs while the dense weights load, on the core the load leaves
+        // idle, instead of in the first prefill's reads.
+        let experts = ExpertStore::open(
+            ck.clone(),
+            c,
+            &StoreOptions {
+                slots: plan.slots,
+                io: opts.io,
+                policy: opts.policy,
+                io_threads: opts.io_threads,
+                prefault: crate::store::region::prefault_enabled(),
+            },
+        )?;
         let (h, hcm, v) = (c.hidden_size, c.hc_mult, c.vocab_size);
         let mut ld = Loader::new(&ck);
         let embed = ld.dense("embed", v, h)?;
@@ -168,17 +189,6 @@ impl Model {
             layers.push(load_layer(&mut ld, c, l)?);
         }
         let resident_bytes = ld.loaded;
-        let experts = ExpertStore::open(
-            ck.clone(),
-            c,
-            &StoreOptions {
-                slots: plan.slots,
-                io: opts.io,
-                policy: opts.policy,
-                io_threads: opts.io_threads,
-                prefault: crate::store::region::prefault_enabled(),
-            },
-        )?;
         Ok(Model {
             rope_main: Rope::main(c),
             rope_comp: Rope::compress(c),
