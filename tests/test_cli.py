@@ -101,6 +101,8 @@ def test_every_command_has_help_with_the_short_flags(capsys, cmd):
     if cmd == "bench":
         assert "-p N, --prompt N" in out and "-n N, --gen N" in out
         assert "--cache-policy" in out
+    if cmd == "doctor":
+        assert "-t N, --threads N" in out
 
 
 def test_short_flags_mean_the_long_ones():

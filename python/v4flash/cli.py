@@ -27,10 +27,12 @@ from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
     expected_tensors,
     inspect_checkpoint,
     is_routed_expert,
+    machine_checks,
     plan_line,
     plan_summary,
     plan_table,
     plural,
+    thread_warning,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -320,7 +322,15 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument(
             "-c", "--ctx", type=_positive_int, metavar="TOKENS", help="context length for the plan"
         )
-        q.add_argument("-t", "--threads", type=_positive_int, metavar="N", help=argparse.SUPPRESS)
+        q.add_argument(
+            "-t",
+            "--threads",
+            type=_positive_int,
+            metavar="N",
+            help="compute threads to check against the cores (all)"
+            if name == "doctor"
+            else argparse.SUPPRESS,
+        )
 
     bench = sub.add_parser(
         "bench",
@@ -432,12 +442,20 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
         markup=False,
     )
     ins = inspect_checkpoint(path)
-    marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+    marks = _MARKS
     if doctor:
-        for status, what, detail in ins.checks:
-            out.print(f"{marks[status]} {what}: ", end="")
-            out.print(detail, markup=False)
-        _machine_checks(out, marks)
+        _print_rows(out, ins.checks)
+        room = None
+        if ins.ok:
+            try:  # the room the planner takes without --ram, for the expected speed
+                room = plan_summary(path, None, ctx=args.ctx).get("available_bytes")
+            except (ValueError, MemoryError):
+                pass
+        shard = max(ins.shard_sizes, key=lambda n: ins.shard_sizes[n], default=None)
+        _print_rows(
+            out,
+            machine_checks(path / shard if shard else None, args.ram, args.threads, room),
+        )
     else:
         if ins.config is not None:
             out.print(f"model: {_config_line(ins.config)}", markup=False)
@@ -489,16 +507,13 @@ def _size_line(ins: Inspection) -> str:
     )
 
 
-def _machine_checks(out, marks) -> None:
-    out.print(f"{marks['ok']} kernels: ", end="")
-    out.print(f"{kernel_tier()} (cpus {os.cpu_count()})", markup=False)
-    try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-        avail = os.sysconf("SC_AVPHYS_PAGES") * size
-        out.print(f"{marks['ok']} memory: ", end="")
-        out.print(f"{_gb(pages * size)} total, {_gb(avail)} free", markup=False)
-    except (ValueError, OSError, AttributeError):
-        pass
+_MARKS = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+
+
+def _print_rows(out, rows) -> None:
+    for status, what, detail in rows:
+        out.print(f"{_MARKS[status]} {what}: ", end="")
+        out.print(detail, markup=False)
 
 
 def _piped_stdin(stdin: Any) -> bool:
@@ -734,6 +749,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command in ("chat", "run", "serve", "bench"):
+        warning = thread_warning(getattr(args, "threads", None))
+        if warning:
+            print(f"v4flash: warning: {warning}", file=sys.stderr)
     try:
         if args.command in ("info", "doctor"):
             return cmd_info(args, args.command == "doctor")

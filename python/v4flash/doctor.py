@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import kernel_tier
 
@@ -424,3 +426,319 @@ def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:
         ("total", _gb(plan["total_bytes"])),
     ]
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# The machine (doctor): what the engine depends on
+# --------------------------------------------------------------------------------------------
+
+MEM_PROBE_BYTES = 256 << 20  # well past any last-level cache, and quick
+DISK_PROBE_BYTES = 1 << 30  # as bench measures it
+# io_uring_setup(2): one number on every architecture with the unified syscall table
+_IO_URING_SETUP = {
+    m: 425
+    for m in ("x86_64", "amd64", "i386", "i686", "aarch64", "armv7l", "riscv64", "ppc64le")
+    + ("s390x", "loongarch64")
+}
+
+
+def _cgroup_cpu_quota(
+    root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup"
+) -> Optional[float]:
+    """CPUs a cgroup v2 ``cpu.max`` quota allows this process (the tightest on its path), or
+    None when there is none."""
+    try:
+        rel = next(
+            line.split("::", 1)[1].strip()
+            for line in Path(proc).read_text().splitlines()
+            if line.startswith("0::")
+        )
+    except (OSError, StopIteration):
+        return None
+    best = None
+    d = Path(root) / rel.lstrip("/")
+    while True:
+        try:
+            quota, period = (Path(d) / "cpu.max").read_text().split()[:2]
+            if quota != "max":
+                q = int(quota) / int(period)
+                best = q if best is None else min(best, q)
+        except (OSError, ValueError):
+            pass
+        if d == Path(root) or d == d.parent:
+            return best
+        d = d.parent
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota (what the
+    engine's default thread count, Rust's ``available_parallelism``, sees)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    q = _cgroup_cpu_quota()
+    if q:
+        n = max(1, min(n, math.ceil(q)))
+    return n
+
+
+def thread_warning(threads: Optional[int], cores: Optional[int] = None) -> Optional[str]:
+    """The warning for ``--threads`` above the cores this process can use (the compute pool's
+    threads then wait for each other at every step: 999 threads on 2 cores ran 13x slower)."""
+    cores = usable_cores() if cores is None else cores
+    if threads is None or threads <= cores:
+        return None
+    return (
+        f"--threads {threads} is more than the {plural(cores, 'core')} this process can use: the "
+        f"extra threads only wait for each other and every step gets slower (measured: 999 "
+        f"threads on 2 cores ran 13x slower); leave -t out to use all {cores} or pass -t {cores}"
+    )
+
+
+def io_uring_status(
+    syscall: Optional[Callable[[int], Tuple[int, int]]] = None,
+) -> Tuple[Optional[bool], str]:
+    """(io_uring usable by the engine?, why): asks the kernel for a ring as the engine does
+    (``io_uring_setup``, 64 entries) and closes it. None where it cannot be asked."""
+    if os.environ.get("V4FLASH_IO_URING") == "0":
+        return False, "turned off by V4FLASH_IO_URING=0"
+    if not sys.platform.startswith("linux"):
+        return False, f"Linux only (this is {sys.platform})"
+    import errno
+    import platform
+
+    nr = _IO_URING_SETUP.get(platform.machine())
+    if nr is None:
+        return None, f"not probed on {platform.machine()}"
+    fd, err = (syscall or _io_uring_setup)(nr)
+    if fd >= 0:
+        return True, "available"
+    if err == errno.ENOSYS:
+        return False, "this kernel has no io_uring (Linux before 5.1, or built without it)"
+    if err == errno.EPERM:
+        try:
+            sysctl = Path("/proc/sys/kernel/io_uring_disabled").read_text().strip()
+        except OSError:
+            sysctl = ""
+        why = (
+            f"kernel.io_uring_disabled = {sysctl}"
+            if sysctl not in ("", "0")
+            else "a container's seccomp profile, most likely"
+        )
+        return False, f"refused by the system ({why})"
+    return False, f"io_uring_setup failed: {os.strerror(err)}"
+
+
+def _io_uring_setup(nr: int) -> Tuple[int, int]:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_uint(64), params)
+    err = ctypes.get_errno()
+    if fd >= 0:
+        os.close(fd)
+    return int(fd), int(err)
+
+
+def transparent_hugepages(
+    path: str = "/sys/kernel/mm/transparent_hugepage/enabled",
+) -> Optional[str]:
+    """The transparent huge page mode (``always``, ``madvise``, ``never``), None if unknown."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    m = re.search(r"\[(\w+)\]", text)
+    return m.group(1) if m else None
+
+
+def memory_bytes(meminfo: str = "/proc/meminfo") -> Tuple[Optional[int], Optional[int]]:
+    """(total, available) memory: Linux ``MemTotal``/``MemAvailable`` (what the planner uses),
+    elsewhere ``sysconf``."""
+    try:
+        vals = {}
+        for line in Path(meminfo).read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k in ("MemTotal", "MemAvailable"):
+                vals[k] = int(v.split()[0]) * 1024
+        if "MemTotal" in vals:
+            return vals["MemTotal"], vals.get("MemAvailable")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        size = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_PHYS_PAGES") * size, os.sysconf("SC_AVPHYS_PAGES") * size
+    except (ValueError, OSError, AttributeError):
+        return None, None
+
+
+def filesystem_of(path: os.PathLike, mounts: str = "/proc/self/mounts") -> Optional[str]:
+    """``device (fstype)`` of the mount that holds ``path`` (Linux), else None."""
+    try:
+        real = os.path.realpath(path)
+        best: Optional[Tuple[str, str, str]] = None
+        for line in Path(mounts).read_text().splitlines():
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            dev, mnt, fstype = (
+                re.sub(r"\\(\d{3})", lambda m: chr(int(m[1], 8)), x) for x in parts[:3]
+            )
+            inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+            if inside and (best is None or len(mnt) > len(best[1])):
+                best = (dev, mnt, fstype)
+    except OSError:
+        return None
+    return f"{best[0]} ({best[2]}, mounted at {best[1]})" if best else None
+
+
+def _read_engine(ring: Optional[bool], direct: Optional[bool]) -> str:
+    how = "direct I/O" if direct else "buffered reads (page cache)"
+    if direct is None:
+        how = "direct I/O if the file system takes it"
+    return f"{'io_uring' if ring else 'a pread pool'}, {how}"
+
+
+def machine_checks(
+    shard: Optional[Path],
+    ram_gb: Optional[float],
+    threads: Optional[int],
+    room_bytes: Optional[int] = None,
+) -> List[Tuple[str, str, str]]:
+    """What the engine depends on, measured here, as (status, what, detail) rows: kernels,
+    cores vs ``--threads``, memory vs ``--ram``, huge pages, the direct-read speed of the
+    checkpoint's own disk (on ``shard``, its largest file), io_uring and O_DIRECT, memory
+    bandwidth, and the decode speed ``bench --predict``'s formula expects for the full model at
+    this ``--ram`` (else ``room_bytes``, the room the planner would take) on this machine."""
+    from . import _core, bench
+
+    rows: List[Tuple[str, str, str]] = []
+    cores = usable_cores()
+    rows.append(("ok", "kernels", f"{kernel_tier()} (cpus {os.cpu_count()})"))
+    warn = thread_warning(threads, cores)
+    online = os.cpu_count() or cores
+    cores_text = f"{cores} usable by this process" + (
+        f" ({online} online)" if online != cores else ""
+    )
+    rows.append(
+        (
+            "warn" if warn else "ok",
+            "cores",
+            f"{cores_text}; compute threads: "
+            + (f"{threads}" if threads else f"all {cores}")
+            + (f". {warn}" if warn else ""),
+        )
+    )
+
+    total, avail = memory_bytes()
+    if total:
+        text = f"{_gb(total)} total" + (f", {_gb(avail)} available" if avail else "")
+        status = "ok"
+        if ram_gb and avail and ram_gb * GB > avail:
+            status = "warn"
+            text += (
+                f"; --ram {ram_gb:g} is more than is available now: the expert cache would be "
+                "swapped out or the process killed (close other programs or lower --ram)"
+            )
+        rows.append((status, "memory", text))
+
+    if sys.platform.startswith("linux"):
+        thp = transparent_hugepages()
+        if thp == "never":
+            rows.append(
+                (
+                    "warn",
+                    "huge pages",
+                    "transparent huge pages are off (never): the expert cache gets 4 KiB pages "
+                    "(more TLB misses, slower first touch); to allow them: echo madvise | sudo "
+                    "tee /sys/kernel/mm/transparent_hugepage/enabled",
+                )
+            )
+        elif thp:
+            rows.append(
+                (
+                    "ok",
+                    "huge pages",
+                    f"transparent huge pages: {thp} (the expert cache asks for them with "
+                    "MADV_HUGEPAGE)",
+                )
+            )
+
+    ring, ring_why = io_uring_status()
+    disk = direct = None
+    if shard is None:
+        rows.append(("warn", "disk", "no shard to read: the disk speed is not measured"))
+    else:
+        try:
+            disk, direct = _core.disk_read_gbs(str(shard), DISK_PROBE_BYTES)
+            size = os.stat(shard).st_size
+            read = min(size, DISK_PROBE_BYTES)
+            fs = filesystem_of(shard)
+            text = (
+                f"{'direct' if direct else 'buffered'} reads at {disk:.2f} GB/s "
+                f"({shard.name}, {_gb(read)}, 8 MiB reads one at a time)"
+                + (f" on {fs}" if fs else "")
+                + (" (a small file: a rough figure)" if size < (256 << 20) else "")
+            )
+            if direct:
+                rows.append(("ok", "disk", text))
+            else:
+                rows.append(
+                    (
+                        "warn",
+                        "disk",
+                        text + "; this file system refuses O_DIRECT, so expert reads go through "
+                        "the page cache (which may also flatter this figure)",
+                    )
+                )
+        except (OSError, ValueError, RuntimeError) as e:
+            rows.append(("warn", "disk", f"cannot measure on {shard}: {e}"))
+    rows.append(
+        (
+            "ok" if ring and direct is not False else "warn",
+            "expert reads",
+            f"io_uring: {ring_why}; O_DIRECT: "
+            + ("not known" if direct is None else "yes" if direct else "no")
+            + f"; --io direct will use {_read_engine(ring, direct)}",
+        )
+    )
+
+    t = threads or cores
+    mem = None
+    try:
+        mem, _ = bench.mem_read_gbs(MEM_PROBE_BYTES, t)
+        rows.append(
+            ("ok", "memory bandwidth", f"{mem:.1f} GB/s streaming reads ({plural(t, 'thread')})")
+        )
+    except (MemoryError, ValueError, RuntimeError) as e:
+        rows.append(("warn", "memory bandwidth", f"not measured: {e}"))
+
+    ram = ram_gb if ram_gb else (room_bytes / GB if room_bytes else None)
+    if mem and disk and ram:
+        rows.append(_expected_row(ram, bool(ram_gb), mem, disk))
+    return rows
+
+
+def _expected_row(ram: float, given: bool, mem: float, disk: float) -> Tuple[str, str, str]:
+    from . import bench
+
+    m = bench.real_model_bytes()
+    r = bench.predict_table(ram_gbs=[ram], disk_gbss=[disk], mem_gbs=mem)[0]
+    at = f"--ram {ram:g}" if given else f"{ram:.1f} GB (no --ram: the room the planner takes)"
+    text = (
+        f"{r['limit_tok_s']:.2f} tok/s at most for the full DeepSeek V4 Flash at {at} on this "
+        f"machine: {int(r['cached_experts']):,} experts cached, {r['hit_rate']:.0%} hit rate, "
+        f"{r['disk_gb_per_token']:.2f} GB/token from disk at {disk:.2f} GB/s, memory at "
+        f"{mem:.1f} GB/s (the `bench --predict` formula)"
+    )
+    floor = m["dense_resident_bytes"] + 1.5 * GB
+    if ram * GB <= floor:
+        return (
+            "warn",
+            "expected decode",
+            text + f"; {ram:g} GB leaves no expert cache (the full model's resident part and "
+            f"overhead take {_gb(floor)})",
+        )
+    return ("ok", "expected decode", text)
