@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from . import NUMERICS, __version__, kernel_tier
+from . import NUMERICS, __version__, hub, kernel_tier
 from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
     GB,
     MIB,
@@ -34,6 +34,7 @@ from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
     plural,
     thread_warning,
 )
+from .hub import REPO_ID, HubError
 
 # --------------------------------------------------------------------------------------------
 # Arguments
@@ -96,7 +97,11 @@ def _top_p(s: str) -> float:
 def _model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
-        "-m", "--model", metavar="DIR", help="checkpoint directory (default: the tiny demo)"
+        "-m",
+        "--model",
+        metavar="DIR",
+        help="checkpoint folder, or a Hugging Face repo id found in the local cache "
+        f"({REPO_ID}) (default: the tiny demo)",
     )
     g.add_argument("--ram", type=_positive_float, metavar="GB", help="RAM budget in GB")
     g.add_argument(
@@ -375,7 +380,12 @@ def resolve_model(args: argparse.Namespace) -> Tuple[Path, bool]:
         )
 
     if args.model:
-        return Path(args.model), False
+        try:
+            found = hub.locate(args.model)
+        except HubError as e:
+            raise CliError(str(e), e.code) from None
+        args.model_repo = found.repo_id
+        return found.path, False
     d = demo_path()
     if d is None:
         raise CliError(
@@ -437,8 +447,10 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
     out.print(
         f"v4flash {__version__} · kernels {kernel_tier()} · {os.cpu_count()} cpus", markup=False
     )
+    repo = getattr(args, "model_repo", None)
+    where = f"{repo} (Hugging Face cache: {path})" if repo else str(path)
     out.print(
-        f"checkpoint: {path}" + ("  (tiny random-weight DEMO, not DeepSeek)" if demo else ""),
+        f"checkpoint: {where}" + ("  (tiny random-weight DEMO, not DeepSeek)" if demo else ""),
         markup=False,
     )
     ins = inspect_checkpoint(path)
@@ -657,6 +669,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return code
 
 
+def _served_name(args: argparse.Namespace, path: Path, demo: bool) -> str:
+    """The model id /v1/models shows: --name, else the repo id --model named, else the
+    checkpoint folder's name."""
+    if args.name:
+        return args.name
+    if demo:
+        return "v4flash-demo"
+    return getattr(args, "model_repo", None) or path.resolve().name
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
@@ -666,7 +688,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     path, demo = resolve_model(args)
     model, tok = load_model(args, path)  # prints the plan line
     use_tokenizer(model, tok)
-    name = args.name or ("v4flash-demo" if demo else path.resolve().name)
+    name = _served_name(args, path, demo)
     try:
         srv = make_server(
             model,
@@ -764,7 +786,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_serve(args)
         if args.command == "bench":
             return cmd_bench(args)
-    except CliError as e:
+    except (CliError, HubError) as e:
         print(f"v4flash: error: {e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
