@@ -68,6 +68,7 @@ COMMANDS = {
     "info": "describe a checkpoint",
     "doctor": "check a checkpoint",
     "bench": "whole-run benchmark",
+    "download": "download a checkpoint from the Hugging Face hub",
 }
 
 
@@ -89,6 +90,9 @@ def _help(capsys, *cmd):
 def test_every_command_has_help_with_the_short_flags(capsys, cmd):
     out = _help(capsys, cmd)
     assert out.startswith(f"usage: v4flash {cmd}")
+    if cmd == "download":
+        assert "--dir DIR" in out and "--no-verify" in out
+        return
     assert "-m DIR, --model DIR" in out
     if cmd in ("chat", "run", "serve", "bench"):
         assert "-t N, --threads N" in out and "-c TOKENS, --ctx TOKENS" in out
@@ -102,7 +106,7 @@ def test_every_command_has_help_with_the_short_flags(capsys, cmd):
         assert "-p N, --prompt N" in out and "-n N, --gen N" in out
         assert "--cache-policy" in out
     if cmd == "doctor":
-        assert "-t N, --threads N" in out
+        assert "-t N, --threads N" in out and "--verify" in out
 
 
 def test_short_flags_mean_the_long_ones():

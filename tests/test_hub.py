@@ -1,6 +1,8 @@
-"""Finding the checkpoint: --model as a folder, a file, or a Hugging Face repo id looked up in the
-local cache, offline on cache layouts built by tests/hub_layout.py."""
+"""Finding the checkpoint (--model as a folder, a file, or a Hugging Face repo id looked up in the
+local cache), ``doctor --verify`` (every file against the hash the hub published) and
+``v4flash download``, all offline on cache layouts built by tests/hub_layout.py."""
 
+import io
 import json
 import os
 import shutil
@@ -13,6 +15,8 @@ from conftest import FIXTURES
 from hub_layout import (
     COMMIT,
     REPO,
+    blob_of,
+    corrupt,
     git_blob_id,
     make_cache,
     make_local_dir,
@@ -211,6 +215,8 @@ def test_published_size_agrees_with_the_model_shapes():
 def test_without_huggingface_hub_a_repo_id_says_how_to_install_it(no_hub, capsys):
     p = main_(capsys, "info", "--model", REPO)
     clean_error(p, "needs huggingface_hub, which is not installed", "pip install 'v4flash[hub]'")
+    p = main_(capsys, "download")
+    clean_error(p, "v4flash download needs huggingface_hub", "pip install 'v4flash[hub]'")
     p = main_(capsys, "info", "--model", TINY)  # folders need no huggingface_hub
     assert p.returncode == 0, p.stderr
 
@@ -259,3 +265,233 @@ def test_serve_names_the_model_after_the_repo(cache):
     a = argparse.Namespace(name=None, model_repo=None)
     assert _served_name(a, Path(TINY), False) == TINY.resolve().name
     assert _served_name(argparse.Namespace(name="x", model_repo=REPO), snap, False) == "x"
+
+
+# --- doctor --verify ----------------------------------------------------------------------------
+
+
+def test_verify_passes_on_an_intact_cache(cache, capsys):
+    make_cache(TINY, cache, extra={"README.md": b"# DeepSeek V4 Flash\n"})
+    p = main_(capsys, "doctor", "--verify", "-m", REPO)
+    assert p.returncode == 0, p.stderr
+    n = len(list(TINY.iterdir())) + 1
+    assert f"ok   verify: {n} files" in p.stdout and "every hash matches" in p.stdout
+    assert "all checks passed" in p.stdout
+
+
+def test_verify_finds_a_corrupted_blob(cache, capsys):
+    snap = make_cache(TINY, cache)
+    corrupt(snap / SHARD)  # same size, one byte flipped: only the hash can tell
+    assert main_(capsys, "doctor", "-m", REPO).returncode == 0  # sizes and headers look fine
+    p = main_(capsys, "doctor", "--verify", "-m", REPO)
+    clean_error(p, SHARD, "sha256")
+    line = next(x for x in p.stdout.splitlines() if x.startswith(f"FAIL {SHARD}"))
+    assert "the hub published " + blob_of(snap / SHARD).name[:12] in line
+    assert f"'{snap / SHARD}'" in line and f"'{blob_of(snap / SHARD)}'" in line  # rm both
+    assert f"v4flash download {REPO}" in line
+    assert sum(x.startswith("FAIL") for x in p.stdout.splitlines()) == 1
+    assert "all checks passed" not in p.stdout
+
+
+def test_verify_checks_small_files_by_their_git_blob_id(cache, capsys):
+    snap = make_cache(TINY, cache, extra={"README.md": b"# DeepSeek V4 Flash\n"})
+    assert len(blob_of(snap / "README.md").name) == 40
+    corrupt(snap / "README.md")
+    p = main_(capsys, "doctor", "--verify", "-m", REPO)
+    clean_error(p, "README.md", "git blob id")
+
+
+def test_verify_finds_a_truncated_blob_and_a_missing_one(cache, capsys):
+    snap = make_cache(TINY, cache)
+    blob = blob_of(snap / SHARD)
+    blob.write_bytes(blob.read_bytes()[:-4096])
+    os.unlink(blob_of(snap / "tokenizer_config.json"))
+    p = main_(capsys, "doctor", "--verify", "-m", REPO)
+    clean_error(p)
+    assert f"FAIL {SHARD}: sha256" in p.stdout
+    assert "FAIL tokenizer_config.json: its blob" in p.stdout and "missing" in p.stdout
+
+
+def test_verify_a_local_dir_download(tmp_path, capsys):
+    d = make_local_dir(TINY, tmp_path / "ck")
+    p = main_(capsys, "doctor", "--verify", "-m", d)
+    assert p.returncode == 0, p.stderr
+    assert "every hash matches" in p.stdout
+    corrupt(d / SHARD)
+    p = main_(capsys, "doctor", "--verify", "-m", d)
+    clean_error(p, SHARD)
+    assert f"v4flash download {REPO} --dir {d}" in p.stdout and f"rm '{d / SHARD}'" in p.stdout
+
+
+def test_verify_on_a_plain_folder_says_it_cannot(capsys):
+    p = main_(capsys, "doctor", "--verify", "-m", TINY)
+    assert p.returncode == 0, p.stderr
+    assert "warn verify: " in p.stdout and "not a Hugging Face download" in p.stdout
+
+
+def test_verify_reads_every_file_once_front_to_back(cache, monkeypatch):
+    snap = make_cache(TINY, cache)
+    real = hub._read_chunks
+    reads = []
+
+    def recording(path, chunk=hub.CHUNK):
+        offset = 0
+        for b in real(path, 64 << 10):  # small chunks: several per shard
+            reads.append((path, offset, len(b)))
+            offset += len(b)
+            yield b
+
+    monkeypatch.setattr(hub, "_read_chunks", recording)
+    seen = []
+    h = hub.published_hashes(snap)
+    v = hub.verify(snap, lambda n, name: seen.append((name, n)), h)
+    assert v.ok
+    order = [p for i, (p, _, _) in enumerate(reads) if i == 0 or reads[i - 1][0] != p]
+    assert order == [f.data for f in h.files]  # one pass per file, in order
+    assert len(set(order)) == len(order) == len(list(TINY.iterdir()))
+    for f in h.files:  # contiguous reads that cover the file exactly
+        mine = [(o, n) for p, o, n in reads if p == f.data]
+        assert [o for o, _ in mine] == [sum(n for _, n in mine[:i]) for i in range(len(mine))]
+        assert sum(n for _, n in mine) == f.size
+    assert sum(n for _, n in seen) == h.total_bytes == v.bytes_read
+
+
+def test_an_unreadable_file_fails_and_the_rest_is_still_checked(cache, capsys, monkeypatch):
+    snap = make_cache(TINY, cache)
+    real = hub._read_chunks
+    bad = blob_of(snap / SHARD)
+
+    def failing(path, chunk=hub.CHUNK):
+        if path == bad:
+            raise OSError(5, "Input/output error")
+        yield from real(path, chunk)
+
+    monkeypatch.setattr(hub, "_read_chunks", failing)
+    v = hub.verify(snap)
+    assert [f.rel for f, _ in v.unreadable] == [SHARD] and not v.bad
+    assert v.bytes_read == v.hashes.total_bytes - bad.stat().st_size
+    p = main_(capsys, "doctor", "--verify", "-m", REPO)
+    clean_error(p, SHARD)
+    assert "cannot be read (Input/output error)" in p.stdout
+
+
+def test_verify_shows_a_progress_bar_on_a_terminal(cache, capsys, monkeypatch):
+    from rich.console import Console
+
+    import v4flash.cli as cli_mod
+
+    make_cache(TINY, cache)
+    buf = io.StringIO()
+    term = Console(file=buf, force_terminal=True, width=120)
+    monkeypatch.setattr(cli_mod, "_err_console", lambda: term)
+    p = main_(capsys, "doctor", "--verify", "-m", REPO)
+    assert p.returncode == 0, p.stderr
+    assert "verifying" in buf.getvalue()
+
+
+def test_an_interrupted_download_is_mentioned(cache, capsys):
+    snap = make_cache(TINY, cache)
+    (snap.parent.parent / "blobs" / ("ab" * 32 + ".incomplete")).write_bytes(b"x")
+    p = main_(capsys, "doctor", "--verify", "-m", REPO)
+    assert "warn downloads: 1 interrupted download left behind" in p.stdout
+    assert f"v4flash download {REPO}` resumes" in p.stdout
+
+
+# --- v4flash download -----------------------------------------------------------------------------
+
+
+OFFLINE = {"HF_HUB_OFFLINE": "1"}
+
+
+def test_download_of_a_complete_repo_verifies_it(cache):
+    """The real snapshot_download, offline: everything is in the cache already."""
+    make_cache(TINY, cache)
+    p = cli("download", REPO, env={**OFFLINE, "HF_HUB_CACHE": str(cache)})
+    assert p.returncode == 0, p.stderr
+    assert "every hash matches" in p.stdout and f"ready: v4flash chat --model {REPO}" in p.stdout
+
+
+def test_download_reports_a_corrupted_file(cache):
+    snap = make_cache(TINY, cache)
+    corrupt(snap / SHARD)
+    p = cli("download", REPO, env={**OFFLINE, "HF_HUB_CACHE": str(cache)})
+    clean_error(p, f"the download of {REPO} is not usable", SHARD)
+    assert f"FAIL {SHARD}: sha256" in p.stdout
+
+
+def test_download_that_cannot_reach_the_hub_is_one_line(cache):
+    p = cli("download", "org/not-here", env={**OFFLINE, "HF_HUB_CACHE": str(cache)})
+    clean_error(p, "cannot download org/not-here", "cannot be reached", "again to resume")
+
+
+class FakeSnapshot:
+    """snapshot_download stand-in: records the call, lays the files out as the real one would."""
+
+    def __init__(self, fail=None):
+        self.calls, self.fail = [], fail
+
+    def __call__(self, **kw):
+        self.calls.append(kw)
+        if self.fail:
+            raise self.fail
+        if kw.get("local_dir"):
+            return str(make_local_dir(TINY, kw["local_dir"]))
+        from huggingface_hub import constants
+
+        return str(make_cache(TINY, constants.HF_HUB_CACHE, repo=kw["repo_id"]))
+
+
+def test_download_into_a_dir(cache, capsys, monkeypatch, tmp_path):
+    import huggingface_hub
+
+    fake = FakeSnapshot()
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    d = tmp_path / "ck"
+    p = main_(capsys, "download", "org/x", "--dir", d)
+    assert p.returncode == 0, p.stderr
+    assert fake.calls == [{"repo_id": "org/x", "local_dir": str(d)}]  # may go online, resumes
+    assert "every hash matches" in p.stdout and f"ready: v4flash chat --model {d}" in p.stdout
+    assert f"downloading org/x into {d}" in p.stderr
+    p = main_(capsys, "download", "org/x", "--dir", d, "--no-verify")
+    assert p.returncode == 0 and "verify" not in p.stdout
+
+
+def test_download_defaults_to_deepseek_into_the_cache(cache, capsys, monkeypatch):
+    import huggingface_hub
+
+    fake = FakeSnapshot()
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    p = main_(capsys, "download")
+    assert p.returncode == 0, p.stderr
+    assert fake.calls == [{"repo_id": REPO}]
+    assert f"ready: v4flash chat --model {REPO}" in p.stdout
+
+
+def test_download_warns_when_the_disk_is_too_small(cache, capsys, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", FakeSnapshot())
+    monkeypatch.setattr(hub, "free_bytes", lambda path: 5 * GB)
+    p = main_(capsys, "download", "--no-verify")
+    assert f"downloading {REPO} into {cache} (about 160 GB)" in p.stderr
+    assert "warning: about 160.0 GB more is needed but only 5.0 GB is free" in p.stderr
+    # resuming: the index that is already there gives the size, what is there counts
+    monkeypatch.setattr(hub, "free_bytes", lambda path: 1)
+    p = main_(capsys, "download", "--no-verify")
+    have = sum(f.stat().st_size for f in TINY.iterdir()) + len(COMMIT)  # blobs + refs/main
+    assert f"(5.3 MB, {_gb(have)} of it already there)" in p.stderr
+    assert "warning" not in p.stderr
+
+
+def test_download_errors_are_one_line(cache, capsys, monkeypatch):
+    import huggingface_hub
+
+    class RepositoryNotFoundError(Exception):
+        pass
+
+    monkeypatch.setattr(
+        huggingface_hub, "snapshot_download", FakeSnapshot(RepositoryNotFoundError("404"))
+    )
+    clean_error(main_(capsys, "download", "org/x"), "org/x: not found on the Hugging Face hub")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", FakeSnapshot(OSError(28, "full")))
+    clean_error(main_(capsys, "download", "org/x"), "the disk is full", "again to resume")

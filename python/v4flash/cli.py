@@ -1,4 +1,5 @@
-"""The ``v4flash`` command line: ``chat``, ``run``, ``serve``, ``info``, ``doctor``, ``bench``.
+"""The ``v4flash`` command line: ``chat``, ``run``, ``serve``, ``info``, ``doctor``, ``bench``,
+``download``.
 
 Everything the user asked for goes to stdout (answers, reports); the one-line plan, loading
 progress and notices go to stderr, so ``v4flash run ... > answer.txt`` stays clean. Errors are
@@ -336,6 +337,31 @@ def _parser() -> argparse.ArgumentParser:
             if name == "doctor"
             else argparse.SUPPRESS,
         )
+        if name == "doctor":
+            q.add_argument(
+                "--verify",
+                action="store_true",
+                help="also hash every file and compare with the sha256 the Hugging Face hub "
+                "published (reads the whole checkpoint once)",
+            )
+
+    dl = sub.add_parser(
+        "download",
+        help="download a checkpoint from the Hugging Face hub (resumable), then verify it",
+        description="Downloads the checkpoint with huggingface_hub (an interrupted download "
+        "resumes where it stopped), into the Hugging Face cache or --dir, then checks it as "
+        "doctor --verify does. Needs huggingface_hub: pip install 'v4flash[hub]'.",
+    )
+    dl.add_argument("repo", nargs="?", default=REPO_ID, help=f"repo id (default {REPO_ID})")
+    dl.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="put the files in DIR (then --model DIR) instead of the Hugging Face cache "
+        "(then --model REPO)",
+    )
+    dl.add_argument(
+        "--no-verify", action="store_true", help="skip hashing the files after the download"
+    )
 
     bench = sub.add_parser(
         "bench",
@@ -457,6 +483,11 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
     marks = _MARKS
     if doctor:
         _print_rows(out, ins.checks)
+        if args.verify:
+            rows = _verify_rows(path)
+            for row in rows:
+                ins.add(*row)
+            _print_rows(out, rows)
         room = None
         if ins.ok:
             try:  # the room the planner takes without --ram, for the expected speed
@@ -526,6 +557,52 @@ def _print_rows(out, rows) -> None:
     for status, what, detail in rows:
         out.print(f"{_MARKS[status]} {what}: ", end="")
         out.print(detail, markup=False)
+
+
+def _verify_rows(path: Path) -> list:
+    """``doctor --verify``: every file hashed against the hub's published hash, with a progress
+    bar on a terminal (stderr); the rows to print."""
+    hashes = hub.published_hashes(path)
+    err = _err_console()
+    if err.is_terminal and hashes.files:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        with Progress(
+            TextColumn("verifying {task.fields[file]}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("verify", total=hashes.total_bytes, file="")
+
+            def progress(n: int, name: str) -> None:
+                bar.update(task, advance=n, file=name)
+
+            v = hub.verify(path, progress, hashes)
+    else:
+        v = hub.verify(path, None, hashes)
+    rows = hub.verify_checks(v, path)
+    left = hub.incomplete_downloads(path)
+    if left:
+        rows.append(
+            (
+                "warn",
+                "downloads",
+                f"{plural(len(left), 'interrupted download')} left behind ({left[0].name}); "
+                f"`{hub.download_command(hashes.repo_id or REPO_ID)}` resumes",
+            )
+        )
+    return rows
 
 
 def _piped_stdin(stdin: Any) -> bool:
@@ -754,6 +831,35 @@ def _utf8_streams() -> None:
             pass
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    try:
+        folder = hub.download(args.repo, args.dir)
+    except HubError as e:
+        raise CliError(str(e), e.code) from None
+    out = Console(highlight=False, emoji=False, soft_wrap=True)
+    out.print(f"downloaded {args.repo} to {folder}", markup=False)
+    ins = inspect_checkpoint(folder)
+    _print_rows(out, ins.checks)
+    if not args.no_verify:
+        rows = _verify_rows(folder)
+        for row in rows:
+            ins.add(*row)
+        _print_rows(out, rows)
+    if not ins.ok:
+        _, what, detail = ins.problems[0]
+        more = f" (+{len(ins.problems) - 1} more, see above)" if len(ins.problems) > 1 else ""
+        print(
+            f"v4flash: error: the download of {args.repo} is not usable: {what}: {detail}{more}",
+            file=sys.stderr,
+        )
+        return 1
+    model = args.dir if args.dir else args.repo
+    out.print(f"ready: v4flash chat --model {model}", markup=False)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -776,6 +882,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if warning:
             print(f"v4flash: warning: {warning}", file=sys.stderr)
     try:
+        if args.command == "download":
+            return cmd_download(args)
         if args.command in ("info", "doctor"):
             return cmd_info(args, args.command == "doctor")
         if args.command == "run":

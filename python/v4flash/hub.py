@@ -1,22 +1,36 @@
-"""Finding the checkpoint as the Hugging Face hub publishes it.
+"""Finding, downloading and verifying the checkpoint as the Hugging Face hub publishes it.
 
 ``--model`` takes a folder or a repo id (``deepseek-ai/DeepSeek-V4-Flash``); a repo id is looked
 up in the local Hugging Face cache only (``try_to_load_from_cache``: no network, ever). When it
 is not there the error says how to get it and how much disk that takes.
 
-``huggingface_hub`` is optional (``pip install 'v4flash[hub]'``); only the repo-id lookup needs
-it.
+Verification needs no network either: the hub publishes the sha256 of every LFS file, and both
+places ``huggingface_hub`` downloads to keep it:
+
+- the cache (``models--ORG--NAME/snapshots/COMMIT/FILE`` is a link to ``blobs/ETAG``): the blob's
+  file name is its etag, the sha256 of the content for LFS files (64 hex digits) and the git
+  blob id, ``sha1("blob SIZE\\0" + content)``, for small files (40 hex digits);
+- a ``--dir``/``local_dir`` download: ``.cache/huggingface/download/FILE.metadata`` holds the
+  commit on its first line and the same etag on its second.
+
+``huggingface_hub`` is optional (``pip install 'v4flash[hub]'``); only the repo-id lookup and
+``download`` need it, verification reads the documented layouts itself.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import queue
 import re
 import shutil
-from dataclasses import dataclass
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .doctor import GB, _gb
 
@@ -26,6 +40,7 @@ REPO_ID = "deepseek-ai/DeepSeek-V4-Flash"
 # (metadata.total_size) wins wherever it is present.
 PUBLISHED_BYTES = 160 * 10**9
 INSTALL_HINT = "pip install 'v4flash[hub]' (or: pip install huggingface_hub)"
+CHUNK = 16 << 20  # bytes per read when hashing
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -318,3 +333,378 @@ def _check_complete(snap: Path, repo_id: str, local_dir: Optional[Path] = None) 
         ),
         2,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Published hashes and verification
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Published:
+    """One file and the hash the hub published for it."""
+
+    rel: str  # path in the repo
+    path: Path  # the file as the checkpoint folder shows it (maybe a link)
+    algo: str  # "sha256" (LFS files) or "git-sha1" (small files: the git blob id)
+    digest: str
+    data: Path  # where the bytes are (the cache blob, or the file itself)
+    size: int
+
+
+@dataclass
+class Hashes:
+    layout: str  # "hf-cache", "local-dir" or "plain"
+    files: List[Published] = field(default_factory=list)
+    unknown: List[str] = field(default_factory=list)  # files with no published hash
+    broken: List[Tuple[str, str]] = field(default_factory=list)  # (file, what is wrong)
+    repo_id: Optional[str] = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _algo(etag: str) -> Optional[str]:
+    if _HEX64.match(etag):
+        return "sha256"
+    if _HEX40.match(etag):
+        return "git-sha1"
+    return None
+
+
+def _walk(folder: Path, skip: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Path]]:
+    """(posix path in the repo, path) of every file under ``folder``, sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        rel_dir = Path(dirpath).relative_to(folder)
+        dirnames[:] = sorted(d for d in dirnames if not (rel_dir == Path(".") and d in skip))
+        for name in filenames:
+            rel = (rel_dir / name).as_posix()
+            out.append((rel, Path(dirpath) / name))
+    yield from sorted(out)
+
+
+def published_hashes(folder: os.PathLike) -> Hashes:
+    """Every file of a checkpoint folder with the hash the hub published for it, read from the
+    layout huggingface_hub left (a cache snapshot or a ``local_dir`` download); a folder that is
+    neither has none."""
+    folder = Path(folder)
+    blobs = folder.parent.parent / "blobs"
+    if folder.parent.name == "snapshots" and blobs.is_dir():
+        h = Hashes("hf-cache", repo_id=repo_of_snapshot(folder))
+        blobs_real = blobs.resolve()
+        for rel, p in _walk(folder):
+            if not p.is_symlink():
+                h.unknown.append(rel)  # a copied file (no symlinks on this file system)
+                continue
+            target = Path(os.path.abspath(p.parent / os.readlink(p)))
+            if not target.exists():
+                h.broken.append((rel, f"its blob {target} is missing (the link is broken)"))
+                continue
+            algo = _algo(target.name)
+            if algo is None or target.resolve().parent != blobs_real:
+                h.unknown.append(rel)
+                continue
+            h.files.append(Published(rel, p, algo, target.name, target, target.stat().st_size))
+        return h
+    meta_root = folder / ".cache" / "huggingface" / "download"
+    if meta_root.is_dir():
+        h = Hashes("local-dir")
+        for rel, p in _walk(folder, skip=(".cache",)):
+            meta = meta_root / (rel + ".metadata")
+            etag = None
+            try:
+                lines = meta.read_text().splitlines()
+                etag = lines[1].strip() if len(lines) > 1 else None
+            except OSError:
+                pass
+            algo = _algo(etag or "")
+            if algo is None:
+                h.unknown.append(rel)
+                continue
+            h.files.append(Published(rel, p, algo, etag or "", p, p.stat().st_size))
+        return h
+    return Hashes("plain", unknown=[rel for rel, _ in _walk(folder)])
+
+
+def _read_chunks(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:
+    """The file's bytes, front to back, in ``chunk``-sized reads; read pages are dropped from
+    the page cache behind the reader (hashing 160 GB should not evict everything else)."""
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is not None:
+            try:
+                advise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except OSError:
+                advise = None
+        off = 0
+        while True:
+            b = f.read(chunk)
+            if not b:
+                return
+            yield b
+            if advise is not None:
+                try:
+                    advise(fd, off, len(b), os.POSIX_FADV_DONTNEED)
+                except OSError:
+                    pass
+            off += len(b)
+
+
+def _hasher(p: Published) -> Any:
+    if p.algo == "sha256":
+        return hashlib.sha256()
+    h = hashlib.sha1()
+    h.update(f"blob {p.size}\0".encode())
+    return h
+
+
+@dataclass
+class _ReadFailed:
+    error: OSError
+
+
+@dataclass
+class Verified:
+    hashes: Hashes
+    bad: List[Tuple[Published, str]] = field(default_factory=list)  # (file, digest found)
+    unreadable: List[Tuple[Published, str]] = field(default_factory=list)  # (file, error)
+    bytes_read: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad and not self.unreadable and not self.hashes.broken
+
+
+def verify(
+    folder: os.PathLike,
+    progress: Optional[Callable[[int, str], None]] = None,
+    hashes: Optional[Hashes] = None,
+) -> Verified:
+    """Hashes every file that has a published hash and compares. Files are read once, one
+    after the other, front to back; a reader thread keeps the next chunks coming while this
+    one hashes (hashlib releases the GIL), so disk and hash run at the same time.
+    ``progress(nbytes, file)`` is called after every chunk."""
+    h = hashes if hashes is not None else published_hashes(folder)
+    res = Verified(h)
+    t0 = time.perf_counter()
+    q: queue.Queue[Any] = queue.Queue(maxsize=4)
+    stop = threading.Event()
+    END = object()
+
+    def reader() -> None:
+        try:
+            for f in h.files:
+                try:
+                    for b in _read_chunks(f.data):
+                        if stop.is_set():
+                            return
+                        q.put(b)
+                except OSError as e:  # this file cannot be read: say so, go on with the next
+                    q.put(_ReadFailed(e))
+                    continue
+                q.put(END)
+        except BaseException as e:  # noqa: BLE001 - handed to the hashing thread
+            q.put(e)
+
+    t = threading.Thread(target=reader, name="v4flash-verify", daemon=True)
+    t.start()
+    try:
+        for f in h.files:
+            d = _hasher(f)
+            n = 0
+            while True:
+                b = q.get()
+                if isinstance(b, BaseException):
+                    raise b
+                if b is END or isinstance(b, _ReadFailed):
+                    break
+                d.update(b)
+                n += len(b)
+                if progress is not None:
+                    progress(len(b), f.rel)
+            res.bytes_read += n
+            if isinstance(b, _ReadFailed):
+                res.unreadable.append((f, f"{b.error.strerror or b.error}"))
+                continue
+            found = d.hexdigest()
+            if found != f.digest:
+                res.bad.append((f, found))
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(0.05)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def repair_hint(v: Verified, folder: Path) -> str:
+    """What to do about the damaged files: delete them, fetch them again."""
+    h = v.hashes
+    repo = h.repo_id or REPO_ID
+    paths: List[str] = []
+    for f, _ in v.bad + v.unreadable:
+        paths.append(str(f.path))
+        if f.data != f.path:
+            paths.append(str(f.data))
+    for rel, _ in h.broken:
+        paths.append(str(folder / rel))
+    rm = " ".join(f"'{p}'" for p in paths[:6]) + (" …" if len(paths) > 6 else "")
+    cmd = download_command(repo, str(folder) if h.layout == "local-dir" else None)
+    return f"delete {'it' if len(paths) == 1 else 'them'} (rm {rm}) and run `{cmd}` again"
+
+
+def verify_checks(v: Verified, folder: Path) -> List[Tuple[str, str, str]]:
+    """The verification as (status, what, detail) rows, as ``doctor`` prints them."""
+    h = v.hashes
+    rows: List[Tuple[str, str, str]] = []
+    if h.layout == "plain":
+        rows.append(
+            (
+                "warn",
+                "verify",
+                f"{folder} is not a Hugging Face download (no cache blobs, no "
+                ".cache/huggingface metadata), so the hashes the hub published are not known "
+                "here; only the sizes and headers above were checked. "
+                f"`{download_command(REPO_ID)}` keeps them",
+            )
+        )
+        return rows
+    hint = repair_hint(v, folder) if not v.ok else ""
+    for f, found in v.bad:
+        what = "sha256" if f.algo == "sha256" else "git blob id"
+        rows.append(
+            (
+                "fail",
+                f.rel,
+                f"{what} {found[:12]}… but the hub published {f.digest[:12]}… ({_gb(f.size)} "
+                f"read): the file is damaged or incomplete; {hint}",
+            )
+        )
+    for f, err in v.unreadable:
+        rows.append(("fail", f.rel, f"cannot be read ({err}): {hint}"))
+    for rel, why in h.broken:
+        rows.append(("fail", rel, f"{why}; {hint}"))
+    if h.unknown:
+        rows.append(
+            (
+                "warn",
+                "verify",
+                f"{len(h.unknown)} files without a published hash, not checked (e.g. "
+                f"{h.unknown[0]})",
+            )
+        )
+    if v.ok:
+        speed = v.bytes_read / v.seconds / 1e9 if v.seconds > 0 else float("nan")
+        rows.append(
+            (
+                "ok",
+                "verify",
+                f"{len(h.files)} files, {_gb(v.bytes_read)}: every hash matches what the hub "
+                f"published ({speed:.2f} GB/s)",
+            )
+        )
+    return rows
+
+
+def incomplete_downloads(folder: Path) -> List[Path]:
+    """``*.incomplete`` files an interrupted download left (cache blobs or ``local_dir``)."""
+    places = []
+    if folder.parent.name == "snapshots":
+        places.append(folder.parent.parent / "blobs")
+    places.append(folder / ".cache" / "huggingface" / "download")
+    out: List[Path] = []
+    for d in places:
+        if d.is_dir():
+            out += sorted(d.rglob("*.incomplete"))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# download
+# --------------------------------------------------------------------------------------------
+
+
+def download(repo_id: str, local_dir: Optional[str] = None) -> Path:
+    """``snapshot_download`` (resumable: files already there are skipped, ``.incomplete`` ones
+    continue), into the cache or ``local_dir``. Returns the folder."""
+    hub = import_hub("v4flash download")
+    target = (Path(local_dir).expanduser() if local_dir else default_cache_dir()).absolute()
+    there = Path(local_dir).expanduser() if local_dir else repo_folder(repo_id, target)
+    total = index_total_size(_known_snapshot(there))
+    size = _gb(total) if total else f"about {PUBLISHED_BYTES / GB:.0f} GB"
+    total = total or PUBLISHED_BYTES
+    have = _bytes_under(there)
+    need = max(total - have, 0)
+    free = free_bytes(target)
+    more = f", {_gb(have)} of it already there" if have else ""
+    print(f"v4flash: downloading {repo_id} into {target} ({size}{more})", file=sys.stderr)
+    if free is not None and free < need:
+        print(
+            f"v4flash: warning: about {_gb(need)} more is needed but only {_gb(free)} is free "
+            f"on the disk of {target}: the download will fail before it ends (use --dir DIR on "
+            "a disk with room)",
+            file=sys.stderr,
+        )
+    kw: dict = {"repo_id": repo_id}
+    if local_dir:
+        kw["local_dir"] = str(target)
+    try:
+        path = hub.snapshot_download(**kw)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 - every hub error is one line
+        raise HubError(_download_error(e, repo_id, local_dir)) from None
+    return Path(path)
+
+
+def _known_snapshot(there: Path) -> Optional[Path]:
+    """A folder already holding this repo's index (a resumed download), if any."""
+    if (there / "model.safetensors.index.json").is_file():
+        return there
+    snaps = there / "snapshots"
+    if snaps.is_dir():
+        for d in sorted(snaps.iterdir()):
+            if (d / "model.safetensors.index.json").is_file():
+                return d
+    return None
+
+
+def _bytes_under(d: Path) -> int:
+    n = 0
+    if d.is_dir():
+        for dirpath, _, files in os.walk(d):
+            for name in files:
+                p = Path(dirpath) / name
+                try:
+                    if not p.is_symlink():
+                        n += p.stat().st_size
+                except OSError:
+                    pass
+    return n
+
+
+def _download_error(e: BaseException, repo_id: str, local_dir: Optional[str]) -> str:
+    names = {c.__name__ for c in type(e).__mro__}
+    detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    again = f"run `{download_command(repo_id, local_dir)}` again to resume"
+    if names & {"RepositoryNotFoundError", "GatedRepoError"}:
+        return (
+            f"{repo_id}: not found on the Hugging Face hub, or not accessible without a token "
+            f"(`hf auth login`): {detail}"
+        )
+    if names & {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "IncompleteSnapshotError"}:
+        return (
+            f"cannot download {repo_id}: the Hugging Face hub cannot be reached (offline, "
+            f"HF_HUB_OFFLINE set, or no connection) and the files are not all here yet; "
+            f"{again} when it can ({detail})"
+        )
+    if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
+        return f"cannot download {repo_id}: the disk is full ({detail}); free space, then {again}"
+    return f"cannot download {repo_id}: {type(e).__name__}: {detail}; {again}"
