@@ -12,12 +12,5 @@ def test_version_matches_core():
     assert out.stdout.strip() == f"v4flash {v4flash.__version__}"
 
 
-def test_help_lists_commands():
-    out = subprocess.run(
-        [sys.executable, "-m", "v4flash", "--help"], capture_output=True, text=True, check=True
-    )
-    assert "info" in out.stdout
-
-
 def test_kernel_tier_is_known():
     assert v4flash.kernel_tier() in ("portable", "avx2", "avx512")

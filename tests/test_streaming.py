@@ -91,12 +91,6 @@ def test_unknown_io_mode_and_policy():
         v4flash.load(FIXTURES / "tiny-a", cache_policy="random")
 
 
-def test_hash_layer_experts_are_prefetched():
-    m = v4flash.load(FIXTURES / "tiny-a", expert_cache_mb=0.2)
-    m.generate([0, 5, 9], max_new_tokens=4, stop_ids=[])
-    assert m.stats()["expert_prefetches"] > 0
-
-
 def test_io_uring_and_pread_pool_give_identical_logits(monkeypatch, baseline):
     engines = set()
     for env in ("1", "0"):

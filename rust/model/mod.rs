@@ -344,7 +344,7 @@ impl Model {
         let mut x = vec![0f32; n * hcm * h];
         let emb = self.embed.mat();
         for (t, &id) in ids.iter().enumerate() {
-            let row = embed_row(&emb, id as usize, h);
+            let row = embed_row(&emb, id as usize, h)?;
             for j in 0..hcm {
                 x[(t * hcm + j) * h..(t * hcm + j + 1) * h].copy_from_slice(&row);
             }
@@ -479,14 +479,18 @@ fn hc_out(x: &mut [f32], out: &[f32], mixes: &[hc::HcMix], hcm: usize) {
     }
 }
 
-fn embed_row(m: &crate::kernels::MatRef, id: usize, h: usize) -> Vec<f32> {
+/// Row `id` of the embedding [V, H] as f32. The loader keeps it in BF16 or f32 (F16 is widened
+/// at load), so another format is an internal error, never silent zeros.
+fn embed_row(m: &crate::kernels::MatRef, id: usize, h: usize) -> Result<Vec<f32>> {
     match m.w {
-        crate::kernels::Weights::Bf16(d) => d[id * h * 2..(id + 1) * h * 2]
+        crate::kernels::Weights::Bf16(d) => Ok(d[id * h * 2..(id + 1) * h * 2]
             .chunks_exact(2)
             .map(|c| crate::dtype::bf16_to_f32(c[0], c[1]))
-            .collect(),
-        crate::kernels::Weights::F32(d) => d[id * h..(id + 1) * h].to_vec(),
-        _ => vec![0.0; h],
+            .collect()),
+        crate::kernels::Weights::F32(d) => Ok(d[id * h..(id + 1) * h].to_vec()),
+        _ => Err(Error::arg(
+            "internal: the embedding is held in a format other than BF16 or F32",
+        )),
     }
 }
 
