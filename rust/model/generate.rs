@@ -13,9 +13,11 @@
 //!   session consistent (the tokens sampled so far stay in it).
 
 use super::sample::{SampleParams, Sampler};
+use super::session::file as session_file;
 use super::session::{Snapshot as StateSnapshot, State};
 use super::{Model, Want};
 use crate::error::{Error, Result};
+use std::path::Path;
 use std::sync::Arc;
 
 /// A sequence being fed and generated from. One call at a time (`&mut self`); the binding
@@ -257,6 +259,50 @@ impl Session {
         self.pending = None;
         self.last.clone_from(&snap.last);
         Ok(())
+    }
+
+    /// Writes the session to `path` in the session file format (`session/file.rs`,
+    /// docs/architecture.md §7.1), atomically: the whole state, the pending token and the
+    /// last logits, so that `load` gives a session that continues bit for bit. With `at`, the
+    /// state as it was at that snapshot (which must belong to this session, as for
+    /// `rollback`). `metadata` is stored as is (a JSON value the caller reads back).
+    /// Returns the file's size in bytes.
+    pub fn save<C: Fn() -> bool + Sync>(
+        &self,
+        path: &Path,
+        at: Option<&Snapshot>,
+        metadata: Option<&serde_json::Value>,
+        cancel: &C,
+    ) -> Result<u64> {
+        let (view, pending, last) = match at {
+            None => (self.st.view(), self.pending, self.last.as_deref()),
+            Some(s) => (self.st.view_at(&s.state)?, None, s.last.as_deref()),
+        };
+        let parts = session_file::Parts {
+            state: &view,
+            pending,
+            last,
+            metadata,
+        };
+        session_file::save(path, &self.model, &parts, cancel)
+    }
+
+    /// A session of `model` read from a file `save` wrote, and the metadata saved with it.
+    /// Refuses (naming the file and what differs) a file of another model, config or
+    /// numerics mode, a truncated or corrupted one, and one longer than `model`'s context.
+    pub fn load<C: Fn() -> bool + Sync>(
+        model: Arc<Model>,
+        path: &Path,
+        cancel: &C,
+    ) -> Result<(Session, Option<serde_json::Value>)> {
+        let f = session_file::load(path, &model, cancel)?;
+        let s = Session {
+            model,
+            st: f.state,
+            pending: f.pending,
+            last: f.last,
+        };
+        Ok((s, f.metadata))
     }
 
     /// Empties the sequence.

@@ -1,7 +1,9 @@
 //! A sequence's state: per-layer sliding windows and compressor states, the position and the
 //! token history. Snapshots are cheap: compressed entries are append-only, so a snapshot
 //! keeps their counts plus copies of the small mutable parts (windows, pending buffers,
-//! overlap halves), and rollback truncates.
+//! overlap halves), and rollback truncates. `file` saves a state to disk and reads it back.
+
+pub mod file;
 
 use super::attention::AttnState;
 use super::compressor::CompState;
@@ -48,8 +50,54 @@ impl State {
         }
     }
 
-    /// Restores an earlier snapshot of this sequence.
-    pub fn rollback(&mut self, s: &Snapshot) -> Result<()> {
+    /// A state restored from its parts (a session file, `file.rs`): the caller has
+    /// checked every length against the model's geometry.
+    pub fn from_parts(layers: Vec<AttnState>, tokens: Vec<u32>, owner: u64) -> State {
+        State {
+            layers,
+            tokens,
+            owner,
+        }
+    }
+
+    /// The whole state, borrowed (for saving it).
+    pub fn view(&self) -> StateView<'_> {
+        StateView {
+            tokens: &self.tokens,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerView {
+                    window: &l.window,
+                    comp: CompView::of(&l.comp, l.comp.entries.len()),
+                    idx: CompView::of(&l.idx, l.idx.entries.len()),
+                })
+                .collect(),
+        }
+    }
+
+    /// The state this sequence had at snapshot `s`, borrowed: the snapshot's windows,
+    /// pending buffers and overlap halves, and the first entries of this state (entries are
+    /// append-only, so those are the snapshot's). Refuses a snapshot `rollback` would refuse.
+    pub fn view_at<'a>(&'a self, s: &'a Snapshot) -> Result<StateView<'a>> {
+        self.check_snapshot(s)?;
+        Ok(StateView {
+            tokens: &s.tokens,
+            layers: self
+                .layers
+                .iter()
+                .zip(&s.layers)
+                .map(|(l, sn)| LayerView {
+                    window: &sn.window,
+                    comp: CompView::at(&l.comp, &sn.comp),
+                    idx: CompView::at(&l.idx, &sn.idx),
+                })
+                .collect(),
+        })
+    }
+
+    /// Whether `s` can be restored into this sequence: same model, a prefix of its tokens.
+    fn check_snapshot(&self, s: &Snapshot) -> Result<()> {
         if s.owner != self.owner {
             return Err(Error::arg(
                 "this snapshot was taken on a session of another model (a snapshot can only be \
@@ -64,6 +112,24 @@ impl State {
                 self.tokens.len()
             )));
         }
+        // entries are append-only: a snapshot never counts more than the state holds
+        let short = |c: &CompState, sn: &CompSnap| sn.entries_len > c.entries.len();
+        if self
+            .layers
+            .iter()
+            .zip(&s.layers)
+            .any(|(l, sn)| short(&l.comp, &sn.comp) || short(&l.idx, &sn.idx))
+        {
+            return Err(Error::arg(
+                "internal: the snapshot counts more compressed entries than the session holds",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Restores an earlier snapshot of this sequence.
+    pub fn rollback(&mut self, s: &Snapshot) -> Result<()> {
+        self.check_snapshot(s)?;
         for (l, sn) in self.layers.iter_mut().zip(&s.layers) {
             l.window.clone_from(&sn.window);
             restore(&mut l.comp, &sn.comp);
@@ -120,4 +186,89 @@ fn restore(c: &mut CompState, s: &CompSnap) {
     c.over_kv.clone_from(&s.over_kv);
     c.over_gate.clone_from(&s.over_gate);
     c.entries.truncate(s.entries_len);
+}
+
+/// One compressor's state, borrowed (see `StateView`).
+pub struct CompView<'a> {
+    pub pend_kv: &'a [f32],
+    pub pend_gate: &'a [f32],
+    pub over_kv: &'a [f32],
+    pub over_gate: &'a [f32],
+    pub entries: &'a [f32],
+}
+
+impl<'a> CompView<'a> {
+    fn of(c: &'a CompState, entries_len: usize) -> CompView<'a> {
+        CompView {
+            pend_kv: &c.pend_kv,
+            pend_gate: &c.pend_gate,
+            over_kv: &c.over_kv,
+            over_gate: &c.over_gate,
+            entries: &c.entries[..entries_len],
+        }
+    }
+
+    fn at(c: &'a CompState, s: &'a CompSnap) -> CompView<'a> {
+        CompView {
+            pend_kv: &s.pend_kv,
+            pend_gate: &s.pend_gate,
+            over_kv: &s.over_kv,
+            over_gate: &s.over_gate,
+            entries: &c.entries[..s.entries_len],
+        }
+    }
+
+    /// The five arrays in file order (docs/architecture.md §7.1).
+    pub fn arrays(&self) -> [&'a [f32]; 5] {
+        [
+            self.pend_kv,
+            self.pend_gate,
+            self.over_kv,
+            self.over_gate,
+            self.entries,
+        ]
+    }
+}
+
+/// One layer's attention state, borrowed.
+pub struct LayerView<'a> {
+    pub window: &'a [f32],
+    pub comp: CompView<'a>,
+    pub idx: CompView<'a>,
+}
+
+impl<'a> LayerView<'a> {
+    /// The layer's eleven arrays in file order: the window, then the compressor's five, then
+    /// the indexer's five.
+    pub fn arrays(&self) -> [&'a [f32]; 11] {
+        let [a, b, c, d, e] = self.comp.arrays();
+        let [f, g, h, i, j] = self.idx.arrays();
+        [self.window, a, b, c, d, e, f, g, h, i, j]
+    }
+}
+
+/// A sequence's state (now, or as it was at a snapshot), borrowed: what a session file holds
+/// besides the generation's pending token and logits.
+pub struct StateView<'a> {
+    pub tokens: &'a [u32],
+    pub layers: Vec<LayerView<'a>>,
+}
+
+impl AttnState {
+    /// A layer state from its eleven arrays in file order (`LayerView::arrays`).
+    pub fn from_arrays(a: [Vec<f32>; 11]) -> AttnState {
+        let [window, a1, b1, c1, d1, e1, a2, b2, c2, d2, e2] = a;
+        let comp = |pend_kv, pend_gate, over_kv, over_gate, entries| CompState {
+            pend_kv,
+            pend_gate,
+            over_kv,
+            over_gate,
+            entries,
+        };
+        AttnState {
+            window,
+            comp: comp(a1, b1, c1, d1, e1),
+            idx: comp(a2, b2, c2, d2, e2),
+        }
+    }
 }
