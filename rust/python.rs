@@ -415,6 +415,23 @@ impl PyModel {
         }
     }
 
+    /// A session read from a file `Session.save` wrote, and the metadata saved with it (JSON
+    /// text, or None). Refuses (ValueError naming the file and what differs) a file of
+    /// another model, config or numerics mode, and a truncated or corrupted one.
+    fn load_session(&self, py: Python<'_>, path: PathBuf) -> PyResult<(PySession, Option<String>)> {
+        let m = self.inner.clone();
+        let (s, meta) = run_cancellable(py, |c| {
+            CoreSession::load(m, &path, &|| c.load(Ordering::Relaxed))
+        })?;
+        let meta = meta.map(|v| v.to_string());
+        Ok((
+            PySession {
+                s: Arc::new(Mutex::new(s)),
+            },
+            meta,
+        ))
+    }
+
     #[getter]
     fn ctx(&self) -> usize {
         self.inner.ctx
@@ -616,6 +633,31 @@ impl PySession {
     fn reset(&self) -> PyResult<()> {
         lock(&self.s)?.reset();
         Ok(())
+    }
+
+    /// Writes the session (or, with `snapshot`, the state it had there) to `path`
+    /// atomically, with `metadata` (JSON text) in its header; returns the file's size.
+    #[pyo3(signature = (path, snapshot=None, metadata=None))]
+    fn save(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        snapshot: Option<&PySnapshot>,
+        metadata: Option<&str>,
+    ) -> PyResult<u64> {
+        let meta =
+            match metadata {
+                None => None,
+                Some(t) => Some(serde_json::from_str::<serde_json::Value>(t).map_err(|e| {
+                    PyValueError::new_err(format!("metadata must be JSON text: {e}"))
+                })?),
+            };
+        let guard = lock(&self.s)?;
+        let s: &CoreSession = &guard;
+        let at = snapshot.map(|p| &p.snap);
+        run_cancellable(py, |c| {
+            s.save(&path, at, meta.as_ref(), &|| c.load(Ordering::Relaxed))
+        })
     }
 }
 

@@ -36,6 +36,7 @@ from .textapi import StopMatcher
 
 PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
 SNAPSHOTS_KEPT = 4
+CHAT_SESSION_VERSION = 1  # of the conversation kept in a session file's metadata
 
 TextCallback = Callable[[str, str], None]  # (kind: "reasoning" | "content", text)
 ProgressCallback = Callable[[int, int], None]  # (tokens done, total)
@@ -182,6 +183,96 @@ class Conversation:
         self.messages = [dict(m) for m in msgs]
         self._answers = [None] * sum(m["role"] == "assistant" for m in msgs)
         return count
+
+    # --- the conversation on disk (chat --session FILE) --------------------------------------
+
+    def save_session(self, path: Any) -> int:
+        """Writes the session and the conversation to ``path``: a session file (the engine's
+        state, so that a later run continues without a prefill) whose metadata holds the
+        messages, the generated answer ids and the settings. The state saved is the one the
+        next turn would reuse: the session as it stands when the next prompt extends it (chat
+        mode), else the latest snapshot the next prompt extends (thinking mode: the one after
+        the last ``<｜Assistant｜>``). Returns the file's size in bytes."""
+        probe = self._canonical(self.encode(self.messages + [{"role": "user", "content": "x"}]))
+        kept = self.session.tokens
+        snap = None
+        if not (len(kept) < len(probe) and probe[: len(kept)] == kept):
+            for toks, sn in reversed(self._snaps):
+                if len(toks) < len(probe) and probe[: len(toks)] == toks:
+                    snap = sn
+                    break
+        doc = {
+            "version": CHAT_SESSION_VERSION,
+            "messages": self.messages,
+            "answers": self._answers,
+            "system": self.system,
+            "thinking": self.thinking,
+            "reasoning_effort": self.reasoning_effort,
+        }
+        return self.session.save(path, snapshot=snap, metadata={"chat": doc})
+
+    def resume(self, path: Any) -> int:
+        """Continues the conversation :meth:`save_session` wrote to ``path``: its session
+        (nothing to prefill), messages, answers and settings. ``FileNotFoundError`` when there
+        is no such file, ``ValueError`` for one that cannot be used (another model, damaged,
+        a conversation the chat format cannot encode); nothing changes then. A session file
+        that holds no conversation gives its session and no messages. Returns the number of
+        messages."""
+        session = self.model.load_session(path)
+        meta = session.metadata
+        doc = meta.get("chat") if isinstance(meta, dict) else None
+        if doc is None:
+            doc = {}
+        if (
+            not isinstance(doc, dict)
+            or doc.get("version", CHAT_SESSION_VERSION) != CHAT_SESSION_VERSION
+        ):
+            raise ValueError(f"{path}: the saved conversation is of an unknown version")
+        msgs = doc.get("messages", [])
+        if not isinstance(msgs, list) or not all(
+            isinstance(m, dict) and m.get("role") in ROLES for m in msgs
+        ):
+            raise ValueError(f"{path}: the saved conversation's messages are malformed")
+        n_answers = sum(m["role"] == "assistant" for m in msgs)
+        answers = doc.get("answers")
+        vocab = self.model.config.vocab_size
+        if not (
+            isinstance(answers, list)
+            and len(answers) == n_answers
+            and all(
+                a is None
+                or (
+                    isinstance(a, list)
+                    and all(isinstance(t, int) and not isinstance(t, bool) for t in a)
+                    and all(0 <= t < vocab for t in a)
+                )
+                for a in answers
+            )
+        ):
+            answers = [None] * n_answers  # answers then re-tokenize (a prefill, never wrong)
+        old = (self.system, self.thinking, self.reasoning_effort)
+        if "system" in doc:  # the saved settings (a bare session file has none)
+            system = doc["system"]
+            self.system = system if isinstance(system, str) and system else None
+        if "thinking" in doc:
+            self.thinking = bool(doc["thinking"])
+        if "reasoning_effort" in doc:
+            effort = doc["reasoning_effort"]
+            self.reasoning_effort = effort if isinstance(effort, str) else None
+        try:
+            self.encode(msgs + [{"role": "user", "content": "x"}])
+        except ValueError as e:
+            self.system, self.thinking, self.reasoning_effort = old
+            raise ValueError(f"{path}: the saved conversation cannot be encoded: {e}") from None
+        self.session = session
+        self.messages = [dict(m) for m in msgs]
+        self._answers = list(answers)
+        self._snaps = []
+        toks = session.tokens
+        if toks and toks[-1] == self.tok.assistant_id and session.last_logits() is not None:
+            # saved at the snapshot after <｜Assistant｜>: keep it one (for /regen)
+            self._snaps.append((toks, session.snapshot()))
+        return len(self.messages)
 
     def set_system(self, text: Optional[str]) -> None:
         self.system = text or None
@@ -615,6 +706,10 @@ def _parse_float(v: str, lo: float, hi: float = math.inf, lo_open: bool = False)
     return x
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def _parse_int(v: str, lo: int) -> int:
     try:
         x = int(v)
@@ -662,12 +757,17 @@ class ChatApp:
         stdin: Any = None,
         console: Any = None,
         verbosity: int = 0,
+        session_path: Optional[Path] = None,
     ):
         from rich.console import Console
 
         self.conv = Conversation(
             model, tokenizer, thinking=thinking, system=system, reasoning_effort=reasoning_effort
         )
+        # chat --session FILE: resumed at the start, saved at the end (not after a refusal)
+        self.session_path = session_path
+        self._overrides = (system, thinking, reasoning_effort)
+        self._save_on_exit = False
         self.sampling = sampling
         self.demo = demo
         self.verbosity = verbosity  # -1 --quiet (no status lines), 0, 1 --verbose
@@ -748,17 +848,62 @@ class ChatApp:
     # --- loop ----------------------------------------------------------------------------
 
     def run(self) -> int:
+        code = 1
         try:
-            return self._loop()
+            code = self._loop()
         finally:
             self._restore_terminal()
+            if self._save_on_exit and not self.save_session():
+                code = 1
+        return code
+
+    def resume_session(self) -> Optional[str]:
+        """``--session FILE``: continues the conversation saved there (the options given on
+        the command line, --system, --thinking, --reasoning-effort, override the saved ones),
+        or starts a new one when there is no such file. Returns the note to show. A file that
+        cannot be used raises ``ValueError``/``OSError``, and is then never overwritten."""
+        path = self.session_path
+        if path is None:
+            return None
+        try:
+            n = self.conv.resume(path)
+        except FileNotFoundError:
+            self._save_on_exit = True
+            return f"new session: the conversation is saved to {path} at exit"
+        system, thinking, effort = self._overrides
+        if system is not None:
+            self.conv.set_system(system)
+        if thinking:
+            self.conv.set_thinking(True)
+        if effort is not None:
+            self.conv.reasoning_effort = effort
+        self._save_on_exit = True
+        tokens = self.conv.session.position
+        return (
+            f"resumed {_plural(n, 'message')} from {path} ({_plural(tokens, 'token')} of state, "
+            "not prefilled again); saved there at exit"
+        )
+
+    def save_session(self) -> bool:
+        """Writes the conversation to ``--session FILE``; a note either way."""
+        path = self.session_path
+        try:
+            size = self.conv.save_session(path)
+        except (OSError, ValueError, RuntimeError) as e:
+            self.err.print(f"v4flash: error: cannot save the session to {path}: {e}", markup=False)
+            return False
+        self._note(f"session saved to {path} ({size / 1e6:.2f} MB)")
+        return True
 
     def _loop(self) -> int:
+        resumed = self.resume_session()
         mode = "thinking" if self.conv.thinking else "chat"
         title = "v4flash chat" + (
             " · tiny random-weight DEMO model (not DeepSeek)" if self.demo else ""
         )
         self.out.print(f"[bold]{title}[/] · {mode} mode · /help for commands", highlight=False)
+        if resumed:
+            self._note(resumed)
         interrupts = 0
         while True:
             try:

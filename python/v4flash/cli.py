@@ -263,6 +263,12 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--stats-json", metavar="FILE", help="write per-turn statistics (JSON) to FILE at exit"
     )
+    chat.add_argument(
+        "--session",
+        metavar="FILE",
+        help="resume the conversation saved in FILE (its state too: nothing is prefilled "
+        "again) and save it there at exit; a new conversation if FILE does not exist",
+    )
 
     run = sub.add_parser(
         "run",
@@ -739,6 +745,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         reasoning_effort=args.reasoning_effort,
         demo=demo,
         verbosity=-1 if args.quiet else (1 if args.verbose else 0),
+        session_path=Path(args.session).expanduser() if args.session else None,
     )
     code = app.run()
     if args.stats_json:

@@ -6,6 +6,7 @@ values; the Rust core runs the work with the GIL released and stops cleanly on C
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -60,6 +61,9 @@ class _Sampling:
 
 class Session:
     """A sequence with its state: feed tokens, generate, snapshot and roll back."""
+
+    #: The JSON value saved with the session (``Model.load_session``), else None.
+    metadata: Any = None
 
     def __init__(self, model: Model, core: Any):
         self._model = model
@@ -150,6 +154,27 @@ class Session:
     def reset(self) -> None:
         self._core.reset()
 
+    def save(
+        self,
+        path: Union[str, os.PathLike],
+        *,
+        snapshot: Any = None,
+        metadata: Any = None,
+    ) -> int:
+        """Writes the whole session (tokens, every layer's window, compressor buffers and
+        compressed entries, the pending token and last logits) to ``path`` atomically, in the
+        versioned format of docs/architecture.md §7.1; :meth:`Model.load_session` gives back a
+        session that continues bit for bit. With ``snapshot`` (from :meth:`snapshot`), the
+        state as it was there. ``metadata``: any JSON-serializable value, stored in the
+        file's header and read back as ``Session.metadata``. Returns the file's size."""
+        meta = None
+        if metadata is not None:
+            try:
+                meta = json.dumps(metadata, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"metadata must be JSON-serializable: {e}") from None
+        return self._core.save(os.fspath(path), snapshot, meta)
+
 
 class Model:
     """A loaded checkpoint. Create with :func:`v4flash.load`."""
@@ -191,6 +216,18 @@ class Model:
 
     def session(self) -> Session:
         return Session(self, self._core.session())
+
+    def load_session(self, path: Union[str, os.PathLike]) -> Session:
+        """A session read from a file :meth:`Session.save` wrote, continuing exactly where it
+        stood (its ``metadata`` is what was saved with it). ``ValueError`` naming the file and
+        what differs for a file of another model, config or numerics mode, or longer than
+        this model's context; also for a truncated or corrupted file or another format
+        version. ``FileNotFoundError`` when there is no such file."""
+        core, meta = self._core.load_session(os.fspath(path))
+        s = Session(self, core)
+        if meta is not None:
+            s.metadata = json.loads(meta)
+        return s
 
     def generate(self, ids: IdsLike, **kw: Any) -> List[int]:
         """New tokens after ``ids`` from a fresh session (see :meth:`Session.generate`)."""
