@@ -80,122 +80,34 @@ pub struct Loaded {
 
 // --- XXH64 ----------------------------------------------------------------------------------
 
-const P1: u64 = 0x9E37_79B1_85EB_CA87;
-const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
-const P3: u64 = 0x1656_67B1_9E37_79F9;
-const P4: u64 = 0x85EB_CA77_C2B2_AE63;
-const P5: u64 = 0x27D4_EB2F_1656_67C5;
-
-/// Streaming XXH64 with seed 0 (the published algorithm, so `xxhsum -H1` of the file's bytes
-/// before a checksum gives the stored value).
+/// Streaming XXH64 with seed 0 (the `xxhash-rust` crate: the published algorithm, so
+/// `xxhsum -H1` of the file's bytes before a checksum gives the stored value).
 #[derive(Clone)]
-pub struct Xxh64 {
-    v: [u64; 4],
-    buf: [u8; 32],
-    buf_len: usize,
-    total: u64,
-}
-
-fn round(acc: u64, x: u64) -> u64 {
-    acc.wrapping_add(x.wrapping_mul(P2))
-        .rotate_left(31)
-        .wrapping_mul(P1)
-}
-
-fn merge(acc: u64, v: u64) -> u64 {
-    (acc ^ round(0, v)).wrapping_mul(P1).wrapping_add(P4)
-}
-
-fn le64(b: &[u8]) -> u64 {
-    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
-}
+pub struct Xxh64(xxhash_rust::xxh64::Xxh64);
 
 impl Default for Xxh64 {
     fn default() -> Self {
-        Self::new()
+        Xxh64::new()
     }
 }
 
 impl Xxh64 {
     pub fn new() -> Xxh64 {
-        Xxh64 {
-            v: [P1.wrapping_add(P2), P2, 0, 0u64.wrapping_sub(P1)],
-            buf: [0; 32],
-            buf_len: 0,
-            total: 0,
-        }
+        Xxh64(xxhash_rust::xxh64::Xxh64::new(0))
     }
 
-    fn stripe(&mut self, c: &[u8]) {
-        for (i, v) in self.v.iter_mut().enumerate() {
-            *v = round(*v, le64(&c[i * 8..i * 8 + 8]));
-        }
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
     }
 
-    pub fn update(&mut self, mut data: &[u8]) {
-        self.total = self.total.wrapping_add(data.len() as u64);
-        if self.buf_len > 0 {
-            let k = (32 - self.buf_len).min(data.len());
-            self.buf[self.buf_len..self.buf_len + k].copy_from_slice(&data[..k]);
-            self.buf_len += k;
-            data = &data[k..];
-            if self.buf_len < 32 {
-                return;
-            }
-            let b = self.buf;
-            self.stripe(&b);
-            self.buf_len = 0;
-        }
-        let mut stripes = data.chunks_exact(32);
-        for c in &mut stripes {
-            self.stripe(c);
-        }
-        let rest = stripes.remainder();
-        self.buf[..rest.len()].copy_from_slice(rest);
-        self.buf_len = rest.len();
-    }
-
-    /// The hash of everything so far (the hasher can go on).
     pub fn digest(&self) -> u64 {
-        let mut h = if self.total >= 32 {
-            let [v1, v2, v3, v4] = self.v;
-            let h = v1
-                .rotate_left(1)
-                .wrapping_add(v2.rotate_left(7))
-                .wrapping_add(v3.rotate_left(12))
-                .wrapping_add(v4.rotate_left(18));
-            merge(merge(merge(merge(h, v1), v2), v3), v4)
-        } else {
-            P5 // seed 0 + P5
-        };
-        h = h.wrapping_add(self.total);
-        let mut p = &self.buf[..self.buf_len];
-        while p.len() >= 8 {
-            h ^= round(0, le64(p));
-            h = h.rotate_left(27).wrapping_mul(P1).wrapping_add(P4);
-            p = &p[8..];
-        }
-        if p.len() >= 4 {
-            h ^= u64::from(u32::from_le_bytes([p[0], p[1], p[2], p[3]])).wrapping_mul(P1);
-            h = h.rotate_left(23).wrapping_mul(P2).wrapping_add(P3);
-            p = &p[4..];
-        }
-        for &b in p {
-            h ^= u64::from(b).wrapping_mul(P5);
-            h = h.rotate_left(11).wrapping_mul(P1);
-        }
-        h ^= h >> 33;
-        h = h.wrapping_mul(P2);
-        h ^= h >> 29;
-        h = h.wrapping_mul(P3);
-        h ^ (h >> 32)
+        self.0.digest()
     }
 }
 
+/// XXH64 (seed 0) of `b`.
 pub fn xxh64(b: &[u8]) -> u64 {
-    let mut h = Xxh64::new();
-    h.update(b);
-    h.digest()
+    xxhash_rust::xxh64::xxh64(b, 0)
 }
 
 // --- what a file belongs to ---------------------------------------------------------------
