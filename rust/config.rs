@@ -4,8 +4,10 @@
 //! them (0 → sliding window, 4 → compressed sparse attention with an indexer, any other m →
 //! heavily compressed attention with ratio m); never the V4-Pro fallback pattern.
 //!
-//! The Python side validates the same file with user-facing messages first; this parser is
-//! the core's own guard so that nothing downstream can index out of bounds.
+//! This is the one validator: the engine loads with it, and Python's `v4flash.config` is a
+//! thin wrapper over it (`_core.validate_config`), so both give the same verdict and the same
+//! message (naming the key, what was expected and what was found). It is also the core's guard
+//! that nothing downstream can index out of bounds.
 
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
@@ -22,6 +24,15 @@ pub enum LayerKind {
 }
 
 impl LayerKind {
+    /// The kind's name in the Python `Config.layer_types` (transformers' `layer_types` words).
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Sliding => "sliding_attention",
+            LayerKind::Csa { .. } => "compressed_sparse_attention",
+            LayerKind::Hca { .. } => "heavily_compressed_attention",
+        }
+    }
+
     pub fn ratio(self) -> usize {
         match self {
             LayerKind::Sliding => 0,
@@ -73,6 +84,15 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
 }
 
+/// A JSON value as it appears in a message: its text, cut after 60 characters.
+fn short(v: &Value) -> String {
+    let t = v.to_string();
+    match t.char_indices().nth(60) {
+        Some((i, _)) => format!("{}...", &t[..i]),
+        None => t,
+    }
+}
+
 fn get<'a>(o: &'a Map<String, Value>, k: &str) -> Result<&'a Value> {
     o.get(k)
         .ok_or_else(|| Error::config(format!("missing key \"{k}\"")))
@@ -81,7 +101,10 @@ fn get<'a>(o: &'a Map<String, Value>, k: &str) -> Result<&'a Value> {
 fn uint(o: &Map<String, Value>, k: &str) -> Result<usize> {
     let v = get(o, k)?;
     let n = v.as_u64().ok_or_else(|| {
-        Error::config(format!("\"{k}\" must be a non-negative integer, found {v}"))
+        Error::config(format!(
+            "\"{k}\" must be a non-negative integer, found {}",
+            short(v)
+        ))
     })?;
     usize::try_from(n).map_err(|_| Error::config(format!("\"{k}\" = {n} is too large")))
 }
@@ -98,7 +121,7 @@ fn num(o: &Map<String, Value>, k: &str) -> Result<f64> {
     let v = get(o, k)?;
     let x = v
         .as_f64()
-        .ok_or_else(|| Error::config(format!("\"{k}\" must be a number, found {v}")))?;
+        .ok_or_else(|| Error::config(format!("\"{k}\" must be a number, found {}", short(v))))?;
     if !x.is_finite() {
         return Err(Error::config(format!("\"{k}\" must be finite, found {x}")));
     }
@@ -115,47 +138,184 @@ fn pos_num(o: &Map<String, Value>, k: &str) -> Result<f64> {
     Ok(x)
 }
 
+/// The published `config.json` of deepseek-ai/DeepSeek-V4-Flash, every key (docs/checkpoint.md
+/// §2.1): the model `bench --predict` and `doctor` size through the tensor table
+/// (`_core.PUBLISHED_CONFIG`), and the tests' real config.
+pub const PUBLISHED_CONFIG: &str = r#"{
+  "architectures": ["DeepseekV4ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 0,
+  "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0],
+  "compress_rope_theta": 160000,
+  "eos_token_id": 1,
+  "expert_dtype": "fp4",
+  "hc_eps": 1e-06,
+  "hc_mult": 4,
+  "hc_sinkhorn_iters": 20,
+  "head_dim": 512,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "index_head_dim": 128,
+  "index_n_heads": 64,
+  "index_topk": 512,
+  "initializer_range": 0.02,
+  "max_position_embeddings": 1048576,
+  "model_type": "deepseek_v4",
+  "moe_intermediate_size": 2048,
+  "n_routed_experts": 256,
+  "n_shared_experts": 1,
+  "norm_topk_prob": true,
+  "num_attention_heads": 64,
+  "num_experts_per_tok": 6,
+  "num_hash_layers": 3,
+  "num_hidden_layers": 43,
+  "num_key_value_heads": 1,
+  "num_nextn_predict_layers": 1,
+  "o_groups": 8,
+  "o_lora_rank": 1024,
+  "q_lora_rank": 1024,
+  "qk_rope_head_dim": 64,
+  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536, "type": "yarn"},
+  "rope_theta": 10000,
+  "routed_scaling_factor": 1.5,
+  "scoring_func": "sqrtsoftplus",
+  "sliding_window": 128,
+  "swiglu_limit": 10.0,
+  "tie_word_embeddings": false,
+  "topk_method": "noaux_tc",
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.57.1",
+  "use_cache": true,
+  "vocab_size": 129280
+}"#;
+
+/// Validates a parsed config.json (`ModelConfig::from_json`) and returns the config with its
+/// summary under config.json's names, which is what the Python `Config` holds: every value the
+/// engine reads (the numbers exactly as written, although the engine computes with some of
+/// them in f32), `compress_ratios` cut to the layers (the MTP entry dropped), `layer_types`
+/// (`LayerKind::name`) and `rope_scaling` with its defaults filled in, or null. With
+/// `"model_type": "deepseek_v4"` added, the summary validates to the same config.
+pub fn validate_json(v: &Value) -> Result<(ModelConfig, Value)> {
+    let c = ModelConfig::from_json(v)?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| Error::config("the top level must be a JSON object"))?;
+    let mut s = Map::new();
+    for (k, n) in [
+        ("vocab_size", c.vocab_size),
+        ("hidden_size", c.hidden_size),
+        ("num_hidden_layers", c.num_layers),
+        ("num_attention_heads", c.num_heads),
+        ("head_dim", c.head_dim),
+        ("qk_rope_head_dim", c.rope_dim),
+        ("q_lora_rank", c.q_lora_rank),
+        ("o_groups", c.o_groups),
+        ("o_lora_rank", c.o_lora_rank),
+        ("n_routed_experts", c.n_routed_experts),
+        ("num_experts_per_tok", c.experts_per_tok),
+        ("moe_intermediate_size", c.moe_inter),
+        ("sliding_window", c.sliding_window),
+        ("hc_mult", c.hc_mult),
+        ("hc_sinkhorn_iters", c.hc_sinkhorn_iters),
+        ("index_n_heads", c.index_n_heads),
+        ("index_head_dim", c.index_head_dim),
+        ("index_topk", c.index_topk),
+        ("num_hash_layers", c.num_hash_layers),
+        ("bos_token_id", c.bos_token_id as usize),
+        ("eos_token_id", c.eos_token_id as usize),
+        ("max_position_embeddings", c.max_position_embeddings),
+    ] {
+        s.insert(k.into(), n.into());
+    }
+    for k in [
+        "routed_scaling_factor",
+        "swiglu_limit",
+        "rope_theta",
+        "compress_rope_theta",
+        "hc_eps",
+        "rms_norm_eps",
+    ] {
+        s.insert(k.into(), num(o, k)?.into());
+    }
+    let ratios: Vec<Value> = c.layer_kinds.iter().map(|k| k.ratio().into()).collect();
+    s.insert("compress_ratios".into(), ratios.into());
+    let kinds: Vec<Value> = c.layer_kinds.iter().map(|k| k.name().into()).collect();
+    s.insert("layer_types".into(), kinds.into());
+    let rope = match c.yarn {
+        None => Value::Null,
+        Some(y) => serde_json::json!({
+            "type": "yarn",
+            "factor": y.factor,
+            "original_max_position_embeddings": y.original_max_position_embeddings,
+            "beta_fast": y.beta_fast,
+            "beta_slow": y.beta_slow,
+        }),
+    };
+    s.insert("rope_scaling".into(), rope);
+    Ok((c, Value::Object(s)))
+}
+
+/// Reads a config.json (a regular file of at most 64 MiB) as JSON, without validating it.
+pub fn read_json(path: &Path) -> Result<Value> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
+    if !meta.is_file() {
+        return Err(Error::config(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    if meta.len() > 64 << 20 {
+        return Err(Error::config(format!(
+            "{} bytes is implausibly large for a config (limit {})",
+            meta.len(),
+            64u64 << 20
+        )));
+    }
+    let text =
+        std::fs::read(path).map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
+    let v: Value = serde_json::from_slice(&text)
+        .map_err(|e| Error::config(format!("not valid JSON ({e})")))?;
+    Ok(v)
+}
+
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<ModelConfig> {
-        let meta = std::fs::metadata(path)
-            .map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
-        if !meta.is_file() {
-            return Err(Error::config(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
-        }
-        if meta.len() > 64 << 20 {
-            return Err(Error::config(format!(
-                "{} bytes is implausibly large for a config (limit {})",
-                meta.len(),
-                64u64 << 20
-            )));
-        }
-        let text =
-            std::fs::read(path).map_err(|e| Error::io(path, "config.json of the checkpoint", e))?;
-        let v: Value = serde_json::from_slice(&text)
-            .map_err(|e| Error::config(format!("not valid JSON ({e})")))?;
-        Self::from_json(&v)
+        Self::from_json(&read_json(path)?)
     }
 
     pub fn from_json(v: &Value) -> Result<ModelConfig> {
         let o = v
             .as_object()
             .ok_or_else(|| Error::config("the top level must be a JSON object"))?;
-        match o.get("model_type").and_then(Value::as_str) {
-            Some("deepseek_v4") => {}
+        match o.get("model_type") {
+            Some(Value::String(s)) if s == "deepseek_v4" => {}
             Some(other) => {
                 return Err(Error::config(format!(
-                    "\"model_type\" is \"{other}\", expected \"deepseek_v4\" (v4flash runs DeepSeek V4 Flash only)"
+                    "\"model_type\" is {}, expected \"deepseek_v4\" (v4flash runs DeepSeek V4 Flash only)",
+                    short(other)
                 )))
             }
             None => return Err(Error::config("missing key \"model_type\" (expected \"deepseek_v4\")")),
         }
         let num_layers = pos(o, "num_hidden_layers")?;
-        let ratios = get(o, "compress_ratios")?
-            .as_array()
-            .ok_or_else(|| Error::config("\"compress_ratios\" must be a list of integers"))?;
+        let ratios = match o.get("compress_ratios") {
+            None => {
+                return Err(Error::config(
+                    "missing key \"compress_ratios\" (the per-layer attention kinds; v4flash never guesses them)",
+                ))
+            }
+            Some(Value::Array(a)) => a,
+            Some(other) => {
+                return Err(Error::config(format!(
+                    "\"compress_ratios\" must be a list of integers, found {}",
+                    short(other)
+                )))
+            }
+        };
         let nextn = match o.get("num_nextn_predict_layers") {
             None => 0,
             Some(_) => uint(o, "num_nextn_predict_layers")?,
@@ -178,7 +338,8 @@ impl ModelConfig {
         for (i, r) in ratios.iter().take(num_layers).enumerate() {
             let m = r.as_u64().ok_or_else(|| {
                 Error::config(format!(
-                    "compress_ratios[{i}] must be a non-negative integer, found {r}"
+                    "compress_ratios[{i}] must be a non-negative integer, found {}",
+                    short(r)
                 ))
             })?;
             layer_kinds.push(match m {
@@ -195,44 +356,58 @@ impl ModelConfig {
         let yarn = match o.get("rope_scaling") {
             None | Some(Value::Null) => None,
             Some(Value::Object(rs)) => {
-                let t = rs
-                    .get("type")
-                    .or_else(|| rs.get("rope_type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                if t != "yarn" {
-                    return Err(Error::config(format!(
-                        "\"rope_scaling.type\" is {t:?}, only \"yarn\" is supported"
-                    )));
+                match rs.get("type").or_else(|| rs.get("rope_type")) {
+                    Some(Value::String(t)) if t == "yarn" => {}
+                    Some(t) => {
+                        return Err(Error::config(format!(
+                            "\"rope_scaling.type\" is {}, only \"yarn\" is supported",
+                            short(t)
+                        )))
+                    }
+                    None => {
+                        return Err(Error::config(
+                            "\"rope_scaling.type\" is missing, only \"yarn\" is supported",
+                        ))
+                    }
                 }
+                let p = |e| prefix(e, "rope_scaling.");
+                let opt = |k: &str, default: f64| match rs.get(k) {
+                    None => Ok(default),
+                    Some(_) => num(rs, k).map_err(p),
+                };
                 Some(Yarn {
-                    factor: pos_num(rs, "factor").map_err(|e| prefix(e, "rope_scaling."))?,
+                    factor: pos_num(rs, "factor").map_err(p)?,
                     original_max_position_embeddings: pos_num(
                         rs,
                         "original_max_position_embeddings",
                     )
-                    .map_err(|e| prefix(e, "rope_scaling."))?,
-                    beta_fast: rs.get("beta_fast").and_then(Value::as_f64).unwrap_or(32.0),
-                    beta_slow: rs.get("beta_slow").and_then(Value::as_f64).unwrap_or(1.0),
+                    .map_err(p)?,
+                    beta_fast: opt("beta_fast", 32.0)?,
+                    beta_slow: opt("beta_slow", 1.0)?,
                 })
             }
             Some(other) => {
                 return Err(Error::config(format!(
-                    "\"rope_scaling\" must be an object, found {other}"
+                    "\"rope_scaling\" must be an object, found {}",
+                    short(other)
                 )))
             }
         };
-        if let Some(s) = o.get("scoring_func").and_then(Value::as_str) {
-            if s != "sqrtsoftplus" {
+        match o.get("scoring_func") {
+            None => {}
+            Some(Value::String(s)) if s == "sqrtsoftplus" => {}
+            Some(s) => {
                 return Err(Error::config(format!(
-                    "\"scoring_func\" is \"{s}\", expected \"sqrtsoftplus\""
-                )));
+                    "\"scoring_func\" is {}, expected \"sqrtsoftplus\"",
+                    short(s)
+                )))
             }
         }
         if let Some(kvh) = o.get("num_key_value_heads") {
             if kvh.as_u64() != Some(1) {
                 return Err(Error::config(format!(
-                    "\"num_key_value_heads\" is {kvh}, expected 1 (shared-KV attention)"
+                    "\"num_key_value_heads\" is {}, expected 1 (shared-KV attention)",
+                    short(kvh)
                 )));
             }
         }
@@ -321,7 +496,7 @@ impl ModelConfig {
         }
         if self.num_heads % self.o_groups != 0 {
             return bad(format!(
-                "num_attention_heads ({}) must be divisible by o_groups ({})",
+                "\"num_attention_heads\" = {} must be divisible by \"o_groups\" = {}",
                 self.num_heads, self.o_groups
             ));
         }
@@ -337,11 +512,15 @@ impl ModelConfig {
                 self.n_shared_experts
             ));
         }
-        if self.hidden_size % 32 != 0 || self.moe_inter % 32 != 0 {
-            return bad(format!(
-                "hidden_size ({}) and moe_intermediate_size ({}) must be multiples of 32 (FP4 scale blocks)",
-                self.hidden_size, self.moe_inter
-            ));
+        for (k, d) in [
+            ("hidden_size", self.hidden_size),
+            ("moe_intermediate_size", self.moe_inter),
+        ] {
+            if d % 32 != 0 {
+                return bad(format!(
+                    "\"{k}\" = {d} must be a multiple of 32 (FP4 expert scale blocks)"
+                ));
+            }
         }
         if self.num_hash_layers > self.num_layers {
             return bad(format!(
@@ -360,11 +539,15 @@ impl ModelConfig {
                 ));
             }
         }
-        if self.hc_mult > 64 || self.hc_sinkhorn_iters > 10_000 {
-            return bad(format!(
-                "hc_mult ({}) or hc_sinkhorn_iters ({}) is implausible",
-                self.hc_mult, self.hc_sinkhorn_iters
-            ));
+        for (k, d, max) in [
+            ("hc_mult", self.hc_mult, 64),
+            ("hc_sinkhorn_iters", self.hc_sinkhorn_iters, 10_000),
+        ] {
+            if d > max {
+                return bad(format!(
+                    "\"{k}\" = {d} is implausibly large (at most {max})"
+                ));
+            }
         }
         Ok(())
     }
@@ -396,20 +579,7 @@ mod tests {
     use super::*;
 
     fn real() -> Value {
-        serde_json::json!({
-            "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
-            "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
-            "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "n_routed_experts": 256,
-            "n_shared_experts": 1, "num_experts_per_tok": 6, "moe_intermediate_size": 2048,
-            "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "sliding_window": 128,
-            "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
-                4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0],
-            "num_hash_layers": 3, "rope_theta": 10000, "compress_rope_theta": 160000,
-            "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536, "type": "yarn"},
-            "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6, "index_n_heads": 64,
-            "index_head_dim": 128, "index_topk": 512, "num_nextn_predict_layers": 1, "bos_token_id": 0,
-            "eos_token_id": 1, "max_position_embeddings": 1048576, "scoring_func": "sqrtsoftplus"
-        })
+        serde_json::from_str(PUBLISHED_CONFIG).unwrap()
     }
 
     #[test]
@@ -456,7 +626,7 @@ mod tests {
             ),
             (
                 Box::new(|v| v["o_groups"] = serde_json::json!(7)),
-                "divisible by o_groups",
+                "\"num_attention_heads\" = 64 must be divisible by \"o_groups\" = 7",
             ),
             (
                 Box::new(|v| v["num_experts_per_tok"] = serde_json::json!(300)),
@@ -476,7 +646,56 @@ mod tests {
             ),
             (
                 Box::new(|v| v["hidden_size"] = serde_json::json!(4100)),
-                "multiples of 32",
+                "\"hidden_size\" = 4100 must be a multiple of 32",
+            ),
+            (
+                Box::new(|v| v["moe_intermediate_size"] = serde_json::json!(2050)),
+                "\"moe_intermediate_size\" = 2050 must be a multiple of 32",
+            ),
+            // a value of the wrong JSON type is refused, never skipped or defaulted
+            (
+                Box::new(|v| v["scoring_func"] = serde_json::json!(5)),
+                "\"scoring_func\" is 5, expected \"sqrtsoftplus\"",
+            ),
+            (
+                Box::new(|v| v["scoring_func"] = Value::Null),
+                "\"scoring_func\" is null, expected \"sqrtsoftplus\"",
+            ),
+            (
+                Box::new(|v| v["scoring_func"] = serde_json::json!("softmax")),
+                "\"scoring_func\" is \"softmax\", expected \"sqrtsoftplus\"",
+            ),
+            (
+                Box::new(|v| v["model_type"] = serde_json::json!(4)),
+                "\"model_type\" is 4, expected \"deepseek_v4\"",
+            ),
+            (
+                Box::new(|v| v["rope_scaling"]["beta_fast"] = serde_json::json!("32")),
+                "\"rope_scaling.beta_fast\" must be a number, found \"32\"",
+            ),
+            (
+                Box::new(|v| v["rope_scaling"]["type"] = serde_json::json!(["yarn"])),
+                "\"rope_scaling.type\" is [\"yarn\"], only \"yarn\" is supported",
+            ),
+            (
+                Box::new(|v| drop(v["rope_scaling"].as_object_mut().unwrap().remove("type"))),
+                "\"rope_scaling.type\" is missing",
+            ),
+            (
+                Box::new(|v| v["compress_ratios"] = serde_json::json!({"0": 4})),
+                "\"compress_ratios\" must be a list of integers, found {\"0\":4}",
+            ),
+            (
+                Box::new(|v| drop(v.as_object_mut().unwrap().remove("compress_ratios"))),
+                "missing key \"compress_ratios\" (the per-layer attention kinds",
+            ),
+            (
+                Box::new(|v| v["hc_mult"] = serde_json::json!(65)),
+                "\"hc_mult\" = 65 is implausibly large (at most 64)",
+            ),
+            (
+                Box::new(|v| v["vocab_size"] = serde_json::json!("x".repeat(200))),
+                "\"vocab_size\" must be a non-negative integer, found \"xxxxxxxxxx",
             ),
             (
                 Box::new(|v| v["num_hash_layers"] = serde_json::json!(44)),
@@ -494,5 +713,38 @@ mod tests {
             assert!(e.contains(want), "want {want:?} in {e:?}");
             assert!(e.starts_with("config.json"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_summary_is_a_config_of_the_same_model() {
+        let (c, sum) = validate_json(&real()).unwrap();
+        assert_eq!(sum["compress_ratios"].as_array().unwrap().len(), 43);
+        assert_eq!(sum["layer_types"][2], "compressed_sparse_attention");
+        assert_eq!(sum["layer_types"][3], "heavily_compressed_attention");
+        assert_eq!(sum["layer_types"][42], "compressed_sparse_attention");
+        // numbers as written, not rounded to f32
+        assert_eq!(sum["rms_norm_eps"].as_f64(), Some(1e-6));
+        assert_eq!(sum["rope_scaling"]["beta_fast"].as_f64(), Some(32.0));
+        let mut again = sum.clone();
+        again["model_type"] = "deepseek_v4".into();
+        let (c2, sum2) = validate_json(&again).unwrap();
+        assert_eq!(sum2, sum);
+        assert_eq!(c2.layer_kinds, c.layer_kinds);
+        assert_eq!(c2.max_position_embeddings, c.max_position_embeddings);
+        // absent optional keys: defaults
+        let mut v = real();
+        let o = v.as_object_mut().unwrap();
+        for k in [
+            "rope_scaling",
+            "bos_token_id",
+            "max_position_embeddings",
+            "scoring_func",
+        ] {
+            o.remove(k);
+        }
+        let (_, sum) = validate_json(&v).unwrap();
+        assert_eq!(sum["rope_scaling"], Value::Null);
+        assert_eq!(sum["bos_token_id"], 0);
+        assert_eq!(sum["max_position_embeddings"], 1 << 20);
     }
 }
