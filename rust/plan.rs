@@ -3,6 +3,7 @@
 //! overhead, and what is left for expert cache slots. A budget that cannot hold the dense part
 //! plus a minimum working set fails at once, saying how much is needed.
 
+use crate::checkpoint::expected::is_routed_expert;
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
@@ -67,10 +68,6 @@ impl Plan {
             .saturating_add(self.overhead_bytes)
             .saturating_add(self.cache_bytes())
     }
-}
-
-fn is_routed_expert(name: &str) -> bool {
-    name.contains(".ffn.experts.")
 }
 
 /// The context length a model runs with: `ctx` when given (at least 1 token, at most the

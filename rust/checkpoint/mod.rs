@@ -3,6 +3,7 @@
 //! name → (shard, dtype, shape, byte range) table; nothing else is read until asked.
 //! Files are opened read-only and never written.
 
+pub mod expected;
 mod io;
 pub mod safetensors;
 

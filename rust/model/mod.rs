@@ -14,7 +14,6 @@ pub mod weights;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{ops, Numerics};
 use crate::plan::Plan;
@@ -153,12 +152,10 @@ impl Model {
             slot as u64,
         )?;
         let c = &cfg;
-        // a config that describes another model is reported by the embedding's shape
-        ck.expect(
-            "embed.weight",
-            &[DType::BF16, DType::F32, DType::F16],
-            &[c.vocab_size, c.hidden_size],
-        )?;
+        // Every resident tensor checked against the expected table (presence, dtype, shape)
+        // before any is read; the embedding first, so a config that describes another model
+        // is reported by the embedding's shape.
+        let mut ld = Loader::new(&ck, crate::checkpoint::expected::dense_tensors(c))?;
         // The expert store next: its slots' pre-fault (first-touch zeroing, about 1 s per GB
         // on some VMs) then runs while the dense weights load, on the core the load leaves
         // idle, instead of in the first prefill's reads.
@@ -173,14 +170,12 @@ impl Model {
                 prefault: crate::store::region::prefault_enabled(),
             },
         )?;
-        let (h, hcm, v) = (c.hidden_size, c.hc_mult, c.vocab_size);
-        let mut ld = Loader::new(&ck);
-        let embed = ld.dense("embed", v, h)?;
-        let head = ld.dense("head", v, h)?;
-        let norm = ld.floats("norm.weight", &[h])?;
-        let hc_head_fn = ld.floats("hc_head_fn", &[hcm, hcm * h])?;
-        let hc_head_base = ld.floats("hc_head_base", &[hcm])?;
-        let hc_head_scale = ld.floats("hc_head_scale", &[1])?[0];
+        let embed = ld.dense("embed")?;
+        let head = ld.dense("head")?;
+        let norm = ld.floats("norm.weight")?;
+        let hc_head_fn = ld.floats("hc_head_fn")?;
+        let hc_head_base = ld.floats("hc_head_base")?;
+        let hc_head_scale = ld.scalar("hc_head_scale")?;
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
             if cancel() {
@@ -188,7 +183,7 @@ impl Model {
             }
             layers.push(load_layer(&mut ld, c, l)?);
         }
-        let resident_bytes = ld.loaded;
+        let resident_bytes = ld.finish()?;
         Ok(Model {
             rope_main: Rope::main(c),
             rope_comp: Rope::compress(c),
@@ -494,15 +489,14 @@ fn embed_row(m: &crate::kernels::MatRef, id: usize, h: usize) -> Result<Vec<f32>
     }
 }
 
+/// Layer `l`'s resident weights; their shapes come from the expected table (`Loader`).
 fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
-    let (h, hcm, d, nh) = (c.hidden_size, c.hc_mult, c.head_dim, c.num_heads);
     let p = format!("layers.{l}");
-    let mix = (2 + hcm) * hcm;
     let hcw = |ld: &mut Loader, which: &str| -> Result<HyperConn> {
         Ok(HyperConn {
-            fn_w: ld.floats(&format!("{p}.hc_{which}_fn"), &[mix, hcm * h])?,
-            base: ld.floats(&format!("{p}.hc_{which}_base"), &[mix])?,
-            scale: ld.floats(&format!("{p}.hc_{which}_scale"), &[3])?,
+            fn_w: ld.floats(&format!("{p}.hc_{which}_fn"))?,
+            base: ld.floats(&format!("{p}.hc_{which}_base"))?,
+            scale: ld.floats(&format!("{p}.hc_{which}_scale"))?,
         })
     };
     let hc_attn = hcw(ld, "attn")?;
@@ -515,17 +509,17 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
                 dim: usize,
                 overlap: bool|
      -> Result<CompressorWeights> {
-        let w = if overlap { 2 * dim } else { dim };
         Ok(CompressorWeights {
-            ape: ld.floats(&format!("{pre}.ape"), &[ratio, w])?,
-            norm: ld.floats(&format!("{pre}.norm.weight"), &[dim])?,
-            wkv: ld.dense(&format!("{pre}.wkv"), w, h)?,
-            wgate: ld.dense(&format!("{pre}.wgate"), w, h)?,
+            ape: ld.floats(&format!("{pre}.ape"))?,
+            norm: ld.floats(&format!("{pre}.norm.weight"))?,
+            wkv: ld.dense(&format!("{pre}.wkv"))?,
+            wgate: ld.dense(&format!("{pre}.wgate"))?,
             ratio,
             dim,
             overlap,
         })
     };
+    let d = c.head_dim;
     let (compw, indexer) = match kind {
         LayerKind::Sliding => (None, None),
         LayerKind::Hca { ratio } => (
@@ -542,59 +536,46 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
                     c.index_head_dim,
                     true,
                 )?,
-                wq_b: ld.fp8(
-                    &format!("{a}.indexer.wq_b"),
-                    c.index_n_heads * c.index_head_dim,
-                    c.q_lora_rank,
-                )?,
-                weights_proj: ld.dense(&format!("{a}.indexer.weights_proj"), c.index_n_heads, h)?,
+                wq_b: ld.fp8(&format!("{a}.indexer.wq_b"))?,
+                weights_proj: ld.dense(&format!("{a}.indexer.weights_proj"))?,
             };
             (Some(cw), Some(ix))
         }
     };
     let attn = AttnWeights {
         kind,
-        wq_a: ld.fp8(&format!("{a}.wq_a"), c.q_lora_rank, h)?,
-        q_norm: ld.floats(&format!("{a}.q_norm.weight"), &[c.q_lora_rank])?,
-        wq_b: ld.fp8(&format!("{a}.wq_b"), nh * d, c.q_lora_rank)?,
-        wkv: ld.fp8(&format!("{a}.wkv"), d, h)?,
-        kv_norm: ld.floats(&format!("{a}.kv_norm.weight"), &[d])?,
-        wo_a: ld.fp8(
-            &format!("{a}.wo_a"),
-            c.o_groups * c.o_lora_rank,
-            nh * d / c.o_groups,
-        )?,
-        wo_b: ld.fp8(&format!("{a}.wo_b"), h, c.o_groups * c.o_lora_rank)?,
-        sinks: ld.floats(&format!("{a}.attn_sink"), &[nh])?,
+        wq_a: ld.fp8(&format!("{a}.wq_a"))?,
+        q_norm: ld.floats(&format!("{a}.q_norm.weight"))?,
+        wq_b: ld.fp8(&format!("{a}.wq_b"))?,
+        wkv: ld.fp8(&format!("{a}.wkv"))?,
+        kv_norm: ld.floats(&format!("{a}.kv_norm.weight"))?,
+        wo_a: ld.fp8(&format!("{a}.wo_a"))?,
+        wo_b: ld.fp8(&format!("{a}.wo_b"))?,
+        sinks: ld.floats(&format!("{a}.attn_sink"))?,
         comp: compw,
         indexer,
     };
     let f = format!("{p}.ffn");
     let hash = c.is_hash_layer(l);
     let moe = MoeWeights {
-        gate: ld.dense(&format!("{f}.gate"), c.n_routed_experts, h)?,
+        gate: ld.dense(&format!("{f}.gate"))?,
         bias: if hash {
             None
         } else {
-            Some(ld.floats(&format!("{f}.gate.bias"), &[c.n_routed_experts])?)
+            Some(ld.floats(&format!("{f}.gate.bias"))?)
         },
         tid2eid: if hash {
-            Some(ld.tid2eid(
-                &format!("{f}.gate.tid2eid"),
-                c.vocab_size,
-                c.experts_per_tok,
-                c.n_routed_experts,
-            )?)
+            Some(ld.tid2eid(&format!("{f}.gate.tid2eid"), c.n_routed_experts)?)
         } else {
             None
         },
-        sw1: ld.fp8(&format!("{f}.shared_experts.w1"), c.moe_inter, h)?,
-        sw3: ld.fp8(&format!("{f}.shared_experts.w3"), c.moe_inter, h)?,
-        sw2: ld.fp8(&format!("{f}.shared_experts.w2"), h, c.moe_inter)?,
+        sw1: ld.fp8(&format!("{f}.shared_experts.w1"))?,
+        sw3: ld.fp8(&format!("{f}.shared_experts.w3"))?,
+        sw2: ld.fp8(&format!("{f}.shared_experts.w2"))?,
     };
     Ok(Layer {
-        attn_norm: ld.floats(&format!("{p}.attn_norm.weight"), &[h])?,
-        ffn_norm: ld.floats(&format!("{p}.ffn_norm.weight"), &[h])?,
+        attn_norm: ld.floats(&format!("{p}.attn_norm.weight"))?,
+        ffn_norm: ld.floats(&format!("{p}.ffn_norm.weight"))?,
         hc_attn,
         hc_ffn,
         attn,

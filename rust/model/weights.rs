@@ -1,10 +1,12 @@
 //! Owned resident weights and their loading from the checkpoint, with every tensor checked
 //! for presence, dtype and shape (and scale bytes for the NaN encoding) before any compute.
 
+use crate::checkpoint::expected::ExpectedTensor;
 use crate::checkpoint::{Checkpoint, TensorInfo};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{self, MatRef, Numerics, Weights};
+use std::collections::HashMap;
 use std::ops::Range;
 
 /// A resident weight matrix [rows, cols] in its checkpoint format.
@@ -60,32 +62,71 @@ impl Linear {
     }
 }
 
-/// Loads tensors by name with checks; errors name the file, the tensor, expected and found.
+/// Loads the resident tensors by name, each exactly as the expected table
+/// (`checkpoint::expected::dense_tensors`) describes it: `new` checks every entry (presence,
+/// dtype, exact shape) before anything is read, each read takes the tensor's shape from its
+/// entry, and `finish` fails if an entry was never read, so the table and the loader cannot
+/// disagree. Errors name the file, the tensor, expected and found.
 pub struct Loader<'a> {
     pub ck: &'a Checkpoint,
     /// Bytes of resident weights loaded so far.
     pub loaded: usize,
+    /// The entries not read yet, by name.
+    table: HashMap<String, ExpectedTensor>,
+}
+
+/// A loader or table mistake (a tensor read twice, or not in the table): never a property of
+/// the checkpoint, so the message says so.
+fn internal(msg: String) -> Error {
+    Error::System(format!("internal error in the model loader: {msg}"))
 }
 
 impl<'a> Loader<'a> {
-    pub fn new(ck: &'a Checkpoint) -> Self {
-        Loader { ck, loaded: 0 }
+    /// Checks every entry of `table` against the checkpoint, in order.
+    pub fn new(ck: &'a Checkpoint, table: Vec<ExpectedTensor>) -> Result<Self> {
+        for t in &table {
+            ck.expect(&t.name, t.dtypes, &t.shape)?;
+        }
+        let n = table.len();
+        let table: HashMap<String, ExpectedTensor> =
+            table.into_iter().map(|t| (t.name.clone(), t)).collect();
+        if table.len() != n {
+            return Err(internal("the expected table names a tensor twice".into()));
+        }
+        Ok(Loader {
+            ck,
+            loaded: 0,
+            table,
+        })
+    }
+
+    /// The tensor `name` (checked by `new`) and its shape, taken out of the table.
+    fn take(&mut self, name: &str) -> Result<(TensorInfo, Vec<usize>)> {
+        let e = self.table.remove(name).ok_or_else(|| {
+            internal(format!(
+                "{name} is not in the expected tensor table, or was read twice"
+            ))
+        })?;
+        let t = self.ck.expect(name, e.dtypes, &e.shape)?.clone();
+        Ok((t, e.shape))
+    }
+
+    /// Ends the load: every entry must have been read. Returns the bytes loaded.
+    pub fn finish(self) -> Result<usize> {
+        if let Some(name) = self.table.keys().min() {
+            return Err(internal(format!(
+                "{} tensors of the expected table were never read (e.g. {name})",
+                self.table.len()
+            )));
+        }
+        Ok(self.loaded)
     }
 
     /// An FP8 E4M3 weight `{name}.weight` [rows, cols] with its `{name}.scale` 128×128 blocks.
-    pub fn fp8(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
-        let wt = self
-            .ck
-            .expect(&format!("{name}.weight"), &[DType::F8E4M3], &[rows, cols])?
-            .clone();
-        let st = self
-            .ck
-            .expect(
-                &format!("{name}.scale"),
-                &[DType::F8E8M0],
-                &[rows.div_ceil(128), cols.div_ceil(128)],
-            )?
-            .clone();
+    pub fn fp8(&mut self, name: &str) -> Result<Linear> {
+        let (wt, shape) = self.take(&format!("{name}.weight"))?;
+        let (rows, cols) = matrix(&wt.name, &shape)?;
+        let (st, _) = self.take(&format!("{name}.scale"))?;
         let q = self.ck.read(&wt)?;
         check_e4m3(self.ck.file_of(&wt), &wt.name, &q)?;
         let scale = self.read_scale(&st)?;
@@ -98,55 +139,45 @@ impl<'a> Loader<'a> {
     }
 
     /// A BF16 (or F32/F16) weight `{name}.weight` [rows, cols], kept in BF16 when stored so.
-    pub fn dense(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
-        let t = self
-            .ck
-            .expect(
-                &format!("{name}.weight"),
-                &[DType::BF16, DType::F32, DType::F16],
-                &[rows, cols],
-            )?
-            .clone();
-        self.dense_tensor(&t, rows, cols)
-    }
-
-    pub fn dense_tensor(&mut self, t: &TensorInfo, rows: usize, cols: usize) -> Result<Linear> {
+    pub fn dense(&mut self, name: &str) -> Result<Linear> {
+        let (t, shape) = self.take(&format!("{name}.weight"))?;
+        let (rows, cols) = matrix(&t.name, &shape)?;
         let data = match t.dtype {
             DType::BF16 => {
-                let b = self.ck.read(t)?;
-                check_bf16(self.ck.file_of(t), &t.name, &b)?;
+                let b = self.ck.read(&t)?;
+                check_bf16(self.ck.file_of(&t), &t.name, &b)?;
                 LinData::Bf16(b)
             }
-            _ => LinData::F32(self.ck.read_f32(t)?),
+            _ => LinData::F32(self.ck.read_f32(&t)?),
         };
         let l = Linear { rows, cols, data };
         self.loaded += l.bytes();
         Ok(l)
     }
 
-    /// A float vector or matrix (BF16/F16/F32) as f32, with an exact shape.
-    pub fn floats(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let t = self
-            .ck
-            .expect(name, &[DType::F32, DType::BF16, DType::F16], shape)?
-            .clone();
+    /// A float vector or matrix (BF16/F16/F32) as f32.
+    pub fn floats(&mut self, name: &str) -> Result<Vec<f32>> {
+        let (t, _) = self.take(name)?;
         let v = self.ck.read_f32(&t)?;
         self.loaded += v.len() * 4;
         Ok(v)
     }
 
+    /// A float tensor of one element (shape [1]).
+    pub fn scalar(&mut self, name: &str) -> Result<f32> {
+        match self.floats(name)?[..] {
+            [x] => Ok(x),
+            ref v => Err(internal(format!(
+                "{name} has {} elements in the expected table, read as one",
+                v.len()
+            ))),
+        }
+    }
+
     /// `tid2eid` [vocab, k] as I64 or I32, each id checked < n_experts and distinct per row.
-    pub fn tid2eid(
-        &mut self,
-        name: &str,
-        vocab: usize,
-        k: usize,
-        n_experts: usize,
-    ) -> Result<Vec<u16>> {
-        let t = self
-            .ck
-            .expect(name, &[DType::I64, DType::I32], &[vocab, k])?
-            .clone();
+    pub fn tid2eid(&mut self, name: &str, n_experts: usize) -> Result<Vec<u16>> {
+        let (t, shape) = self.take(name)?;
+        let (vocab, k) = matrix(name, &shape)?;
         let b = self.ck.read(&t)?;
         let file = self.ck.file_of(&t).to_string();
         let w = t.dtype.size();
@@ -187,6 +218,16 @@ impl<'a> Loader<'a> {
         let s = self.ck.read(t)?;
         check_scale(self.ck.file_of(t), &t.name, &s)?;
         Ok(s)
+    }
+}
+
+/// (rows, cols) of a two-dimensional table entry.
+fn matrix(name: &str, shape: &[usize]) -> Result<(usize, usize)> {
+    match *shape {
+        [rows, cols] => Ok((rows, cols)),
+        _ => Err(internal(format!(
+            "{name} is {shape:?} in the expected table, read as a matrix"
+        ))),
     }
 }
 
@@ -251,6 +292,40 @@ pub fn check_bf16(file: &str, name: &str, b: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_loader_reads_exactly_the_table() {
+        use crate::checkpoint::expected::dense_tensors;
+        use crate::config::ModelConfig;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-a");
+        let ck = Checkpoint::open(&dir).unwrap();
+        let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let table = dense_tensors(&c);
+        let mut ld = Loader::new(&ck, table.clone()).unwrap();
+        // a tensor the table does not list is never read
+        let e = ld
+            .floats("layers.0.ffn.experts.0.w1.scale")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not in the expected tensor table"), "{e}");
+        // each entry once, with the table's shape
+        assert_eq!(ld.floats("norm.weight").unwrap().len(), c.hidden_size);
+        assert!(ld.floats("norm.weight").is_err());
+        let l = ld.fp8("layers.0.attn.wq_a").unwrap();
+        assert_eq!((l.rows, l.cols), (c.q_lora_rank, c.hidden_size));
+        // an entry left unread fails the load
+        let e = ld.finish().unwrap_err().to_string();
+        assert!(e.contains("were never read"), "{e}");
+        // every entry is checked before any is read: a shape the checkpoint does not have
+        let mut wrong = table.clone();
+        let k = wrong.len() - 1;
+        wrong[k].shape = vec![7];
+        let e = Loader::new(&ck, wrong).err().unwrap().to_string();
+        assert!(
+            e.contains(&format!("tensor {}: expected shape [7]", table[k].name)),
+            "{e}"
+        );
+    }
 
     #[test]
     fn nan_encodings_are_rejected() {

@@ -4,29 +4,15 @@
 //! that direct I/O can target it), and the slot size. Pure functions of the tensor table.
 
 use super::region::ALIGN;
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{expected, Checkpoint};
 use crate::config::ModelConfig;
-use crate::dtype::DType;
 use crate::error::Result;
 
-/// The six tensors of a routed expert, in slot-part order: weight 2k and scale 2k+1 of
-/// matrix k (w1, w3, w2).
-pub const SUFFIX: [&str; 6] = [
-    "w1.weight",
-    "w1.scale",
-    "w3.weight",
-    "w3.scale",
-    "w2.weight",
-    "w2.scale",
-];
-
-/// Slot-part indices of the three scale tensors.
+/// Slot-part indices of the three scale tensors (`checkpoint::expected::EXPERT_PARTS` order).
 pub const SCALE_PARTS: [usize; 3] = [1, 3, 5];
 
 /// The checkpoint name of part `k` of expert `e` of layer `l`.
-pub fn part_name(l: usize, e: usize, k: usize) -> String {
-    format!("layers.{l}.ffn.experts.{e}.{}", SUFFIX[k])
-}
+pub use crate::checkpoint::expected::expert_part_name as part_name;
 
 /// Where one of an expert's six tensors lives in the checkpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,20 +114,8 @@ pub fn envelope(off: u64, len: u64) -> usize {
     ((off + len).div_ceil(a) * a - start) as usize
 }
 
-/// The expected (dtype, shape) of each part for a model of hidden size h and expert
-/// intermediate size i.
-fn part_shapes(h: usize, i: usize) -> [(DType, [usize; 2]); 6] {
-    [
-        (DType::I8, [i, h / 2]),
-        (DType::F8E8M0, [i, h / 32]),
-        (DType::I8, [i, h / 2]),
-        (DType::F8E8M0, [i, h / 32]),
-        (DType::I8, [h, i / 2]),
-        (DType::F8E8M0, [h, i / 32]),
-    ]
-}
-
 /// Locates the six tensors of one expert; with `check`, also checks their dtypes and shapes
+/// (`checkpoint::expected::expert_part`)
 /// (the planner only needs their sizes, and a checkpoint of another shape is reported by
 /// the dense tensors first when it is loaded).
 pub fn expert_parts(
@@ -151,16 +125,16 @@ pub fn expert_parts(
     e: usize,
     check: bool,
 ) -> Result<[Part; 6]> {
-    let shapes = part_shapes(c.hidden_size, c.moe_inter);
     let mut parts = [Part::default(); 6];
-    for (k, (dt, shape)) in shapes.iter().enumerate() {
+    for (k, part) in parts.iter_mut().enumerate() {
         let name = part_name(l, e, k);
         let t = if check {
-            ck.expect(&name, &[*dt], shape)?
+            let (dtypes, shape) = expected::expert_part(c, k);
+            ck.expect(&name, dtypes, &shape)?
         } else {
             ck.tensor(&name)?
         };
-        parts[k] = Part {
+        *part = Part {
             shard: t.shard as u32,
             offset: t.offset,
             len: t.len,
