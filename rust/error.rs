@@ -48,10 +48,6 @@ pub enum Error {
     /// The operating system refused a resource that is not memory (a thread, a ring).
     #[error("{0}")]
     System(String),
-
-    /// A session is already in use by another call.
-    #[error("{0}")]
-    Busy(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -44,7 +44,6 @@ pub fn to_py(e: Error) -> PyErr {
         Error::InvalidArgument(_) => PyValueError::new_err(msg),
         Error::Memory(_) => PyMemoryError::new_err(msg),
         Error::Cancelled => PyKeyboardInterrupt::new_err("generation cancelled"),
-        Error::Busy(_) => PyRuntimeError::new_err(msg),
     }
 }
 
