@@ -124,11 +124,12 @@ pub(crate) trait Simd: Copy {
 /// Implements `Kernel` for a `Simd` tier. Each method enters a function compiled with the
 /// tier's features (if any), in which the generic loop below and the tier's operations
 /// inline. `rows_x1`: rows per one-token pass (they share each x load); `gemm_rows`: rows
-/// of the prefill micro-kernel (x 3 tokens); `q8_rows`: the same for the int8 path; `chains`: independent FMA chains of the peak
+/// of the prefill micro-kernel (x `gemm_tokens` tokens); `q8_rows`: the same for the int8 path; `chains`: independent FMA chains of the peak
 /// probe.
 macro_rules! simd_kernel {
     ($tier:ty, $(features = $feat:literal,)? rows_x1 = $r1:literal,
-     gemm_rows = $rg:literal, q8_rows = $rq:literal, chains = $ch:literal) => {
+     gemm_rows = $rg:literal, gemm_tokens = $tg:literal, q8_rows = $rq:literal,
+     chains = $ch:literal) => {
         impl $crate::kernels::driver::Kernel for $tier {
             const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
 
@@ -174,7 +175,7 @@ macro_rules! simd_kernel {
                     (wbuf, nrows, cols, stride): (&[f32], usize, usize, usize),
                     (xp, n, out, accs): (&[f32], usize, &mut [f32], &mut [f32]),
                 ) {
-                    $crate::kernels::generic::gemm::<_, $rg>(
+                    $crate::kernels::generic::gemm::<_, $rg, $tg>(
                         s, wbuf, nrows, cols, stride, xp, n, out, accs,
                     )
                 }
@@ -558,9 +559,10 @@ fn tile<S: Simd, const R: usize, const T: usize>(
     }
 }
 
-/// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n, with R x 3 register tiles.
+/// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n, with R x T register tiles (then
+/// R x 1 for the last n % T tokens).
 #[inline(always)]
-pub(crate) fn gemm<S: Simd, const R: usize>(
+pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
     s: S,
     wbuf: &[f32],
     nrows: usize,
@@ -584,25 +586,25 @@ pub(crate) fn gemm<S: Simd, const R: usize>(
         let cs = (c0, (c0 + PANEL / l).min(nch));
         let mut t = 0;
         while t < n {
-            let three = t + 3 <= n;
+            let full = t + T <= n;
             let mut r = 0;
             while r + R <= nrows {
-                if three {
-                    tile::<S, R, 3>(s, wbuf, r, cp, xp, t, n, cs, accs);
+                if full {
+                    tile::<S, R, T>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 } else {
                     tile::<S, R, 1>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 }
                 r += R;
             }
             while r < nrows {
-                if three {
-                    tile::<S, 1, 3>(s, wbuf, r, cp, xp, t, n, cs, accs);
+                if full {
+                    tile::<S, 1, T>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 } else {
                     tile::<S, 1, 1>(s, wbuf, r, cp, xp, t, n, cs, accs);
                 }
                 r += 1;
             }
-            t += if three { 3 } else { 1 };
+            t += if full { T } else { 1 };
         }
         c0 = cs.1;
     }

@@ -41,6 +41,7 @@ simd_kernel!(
     Portable,
     rows_x1 = 4,
     gemm_rows = 1,
+    gemm_tokens = 3,
     q8_rows = 1,
     chains = 8
 );

@@ -31,6 +31,7 @@ simd_kernel!(
     features = "avx2,fma,f16c",
     rows_x1 = 4,
     gemm_rows = 4,
+    gemm_tokens = 3,
     q8_rows = 4,
     chains = 12
 );

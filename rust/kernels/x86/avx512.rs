@@ -32,7 +32,8 @@ simd_kernel!(
     Avx512,
     features = "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     rows_x1 = 4,
-    gemm_rows = 8,
+    gemm_rows = 4,
+    gemm_tokens = 6,
     q8_rows = 4,
     chains = 16
 );
