@@ -4,8 +4,9 @@ Each case is a function that edits a fresh copy of the fixture in place (shard b
 JSON, the index, config.json, tokenizer.json, file modes) plus what it must produce: the
 exception type, the words the message must contain, and the stage that raises it:
 
-- ``load``: ``v4flash.load(dir)`` (Python config validation, then the Rust reader and loader)
-- ``core``: ``v4flash._core.Model.load(dir)`` directly (the Rust guard without Python first)
+- ``load``: ``v4flash.load(dir)`` (``load_config``, which validates through the core, then the
+  Rust reader and loader)
+- ``core``: ``v4flash._core.Model.load(dir)`` directly (the engine without Python first)
 - ``run``: loading succeeds, the error comes from the first forward pass (lazily read experts)
 - ``tokenizer``: ``v4flash.tokenizer.load_tokenizer(dir)``
 

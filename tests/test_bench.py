@@ -92,7 +92,7 @@ def test_bench_errors_are_one_line(capsys, tmp_path, how):
     elif how == "foreign":
         (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
         args += ["--model", tmp_path]
-        want = "\"model_type\" is 'llama'"
+        want = '"model_type" is "llama", expected "deepseek_v4"'
     else:
         args += ["--model", TINY_A, "--ram", "0.01"]
         want = "cannot run this model: it needs at least"

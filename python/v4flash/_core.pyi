@@ -12,8 +12,12 @@ __all__ = [
     "__version__",
     "V4FlashError",
     "NUMERICS",
+    "PUBLISHED_CONFIG",
     "kernel_tier",
     "open_checkpoint",
+    "validate_config",
+    "expected_tensors",
+    "is_routed_expert",
     "plan",
     "mem_read_gbs",
     "disk_read_gbs",
@@ -28,12 +32,18 @@ _Path = str | PathLike[str]
 
 __version__: str
 NUMERICS: tuple[str, ...]
+PUBLISHED_CONFIG: str
 
 class V4FlashError(Exception):
     """A checkpoint or config that v4flash cannot use."""
 
 def kernel_tier() -> str: ...
 def open_checkpoint(path: _Path) -> int: ...
+def validate_config(source: _Path | dict[str, Any]) -> dict[str, Any]: ...
+def expected_tensors(
+    source: _Path | dict[str, Any],
+) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]: ...
+def is_routed_expert(name: str) -> bool: ...
 def plan(
     path: _Path,
     ram_bytes: int | None = None,

@@ -65,10 +65,6 @@ def read_headers(model_dir: Path) -> Dict[str, Tuple[str, List[int], int]]:
     return out
 
 
-def _is_expert(name: str) -> bool:
-    return ".ffn.experts." in name
-
-
 def account(headers: Dict[str, Tuple[str, List[int], int]], cfg: Any) -> Dict[str, float]:
     """Bytes and parameters a decode step touches, from the tensor table.
 
@@ -85,7 +81,7 @@ def account(headers: Dict[str, Tuple[str, List[int], int]], cfg: Any) -> Dict[st
     for name, (dtype, shape, nbytes) in headers.items():
         if name.startswith("mtp."):
             continue
-        if _is_expert(name):
+        if _core.is_routed_expert(name):
             expert_total += nbytes
             if name.endswith(".weight"):
                 expert_params += math.prod(shape) * (2 if dtype == "I8" else 1)
@@ -480,44 +476,46 @@ def print_table(r: Dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 # Prediction for the full model
 # --------------------------------------------------------------------------------------------
+def published_config(n_layers: int = 43) -> Dict[str, Any]:
+    """The published DeepSeek V4 Flash config.json (``_core.PUBLISHED_CONFIG``), cut to its
+    first ``n_layers`` layers (43 is the whole model)."""
+    d: Dict[str, Any] = json.loads(_core.PUBLISHED_CONFIG)
+    layers = d["num_hidden_layers"]
+    if not 1 <= n_layers <= layers:
+        raise ValueError(f"n_layers must be in 1..{layers}, got {n_layers}")
+    d["num_hidden_layers"] = n_layers
+    d["compress_ratios"] = d["compress_ratios"][:n_layers]
+    d["num_hash_layers"] = min(d["num_hash_layers"], n_layers)
+    return d
+
+
 def real_model_bytes(n_layers: int = 43) -> Dict[str, float]:
     """Dense and expert sizes of the published checkpoint (its first ``n_layers`` layers; 43 is
-    the whole model), from its tensor shapes."""
-    H, V, QL, D, NH, G, R, I, E = 4096, 129280, 1024, 512, 64, 8, 1024, 2048, 256  # noqa: E741
-    IH, ID, HC = 64, 128, 4
-    ratios = ([0, 0] + [4, 128] * 20 + [4])[:n_layers]
-
-    def fp8(o: int, i: int) -> int:
-        return o * i + -(-o // 128) * -(-i // 128)
-
-    def hc(rows: int) -> int:
-        return 4 * (rows * HC * H + rows + (3 if rows != HC else 1))
-
-    layer = []
-    for i, r in enumerate(ratios):
-        b = 64 * 4 + 2 * QL + 2 * D  # sink, q_norm, kv_norm
-        b += fp8(QL, H) + fp8(NH * D, QL) + fp8(D, H) + fp8(G * R, NH * D // G) + fp8(H, G * R)
-        if r:
-            c = 2 if r == 4 else 1
-            b += 4 * r * c * D + 2 * D + 2 * 2 * c * D * H
-        if r == 4:
-            b += 4 * r * 2 * ID + 2 * ID + 2 * 2 * 2 * ID * H + 2 * IH * H + fp8(IH * ID, QL)
-        b += 2 * E * H + (
-            6 * 8 if i < min(3, n_layers) else 4 * E
-        )  # router (+ one tid2eid row / bias)
-        b += 2 * fp8(I, H) + fp8(H, I)  # shared expert
-        b += 2 * 2 * H + 2 * hc((2 + HC) * HC)
-        layer.append(b)
-    glob = 2 * V * H + 2 * H + hc(HC)  # head, norm, hc_head
-    expert = 2 * (I * H // 2 + I * H // 32) + (H * I // 2 + H * I // 32)
+    the whole model): the engine's tensor table for the published config, each tensor in the
+    dtype the release stores it in (the table's first)."""
+    d = published_config(n_layers)
+    dense = expert_total = embed = embed_row = 0
+    n_parts = 0
+    for name, dtypes, shape in _core.expected_tensors(d):
+        item = ITEMSIZE[dtypes[0]]
+        nbytes = math.prod(shape) * item
+        if _core.is_routed_expert(name):
+            expert_total += nbytes
+            n_parts += 1
+        elif name == "embed.weight":
+            embed, embed_row = nbytes, shape[-1] * item
+        elif name.endswith(".gate.tid2eid"):
+            dense += shape[-1] * item  # one row per token
+        else:
+            dense += nbytes
     return {
-        "dense_bytes_per_token": float(sum(layer) + glob + 2 * H),
-        "dense_resident_bytes": float(sum(layer) + glob),
-        "embed_bytes": float(2 * V * H),
-        "expert_bytes": float(expert),
+        "dense_bytes_per_token": float(dense + embed_row),
+        "dense_resident_bytes": float(dense),
+        "embed_bytes": float(embed),
+        "expert_bytes": float(expert_total * 6 // max(n_parts, 1)),
         "layers": float(n_layers),
-        "experts": float(E),
-        "topk": 6.0,
+        "experts": float(d["n_routed_experts"]),
+        "topk": float(d["num_experts_per_tok"]),
     }
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import kernel_tier
+from . import _core, kernel_tier
+from .config import expected_tensors, load_config
 
 GB = 10**9  # --ram is in GB (10^9 bytes), as the engine's planner reads it
 MIB = 1 << 20  # --expert-cache-mb is in MiB
@@ -40,7 +41,6 @@ _DTYPE_SIZE = {
     "U64": 8,
     "F64": 8,
 }
-_FLOATS = ("F32", "BF16", "F16")
 _MAX_HEADER = 100 << 20
 
 
@@ -76,83 +76,9 @@ class Inspection:
         return not self.problems
 
 
-def is_routed_expert(name: str) -> bool:
-    return name.startswith("layers.") and ".ffn.experts." in name
-
-
-def expected_tensors(cfg: Any) -> Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...]]]:
-    """Every tensor the engine reads, with its allowed dtypes and exact shape (``mtp.*`` is
-    not used). Mirrors the Rust loader (``rust/model/mod.rs`` ``load_layer``)."""
-    h, d, nh, hcm = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.hc_mult
-    inter, n_exp, vocab = cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.vocab_size
-    out: Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...]]] = {}
-
-    def fp8(name: str, rows: int, cols: int) -> None:
-        out[f"{name}.weight"] = (("F8_E4M3",), (rows, cols))
-        out[f"{name}.scale"] = (("F8_E8M0",), (-(-rows // 128), -(-cols // 128)))
-
-    def dense(name: str, rows: int, cols: int) -> None:
-        out[f"{name}.weight"] = (_FLOATS, (rows, cols))
-
-    def floats(name: str, *shape: int) -> None:
-        out[name] = (_FLOATS, tuple(shape))
-
-    def comp(pre: str, ratio: int, dim: int, overlap: bool) -> None:
-        w = 2 * dim if overlap else dim
-        floats(f"{pre}.ape", ratio, w)
-        floats(f"{pre}.norm.weight", dim)
-        dense(f"{pre}.wkv", w, h)
-        dense(f"{pre}.wgate", w, h)
-
-    dense("embed", vocab, h)
-    dense("head", vocab, h)
-    floats("norm.weight", h)
-    floats("hc_head_fn", hcm, hcm * h)
-    floats("hc_head_base", hcm)
-    floats("hc_head_scale", 1)
-    mix = (2 + hcm) * hcm
-    for layer in range(cfg.num_hidden_layers):
-        p = f"layers.{layer}"
-        for which in ("attn", "ffn"):
-            floats(f"{p}.hc_{which}_fn", mix, hcm * h)
-            floats(f"{p}.hc_{which}_base", mix)
-            floats(f"{p}.hc_{which}_scale", 3)
-        a = f"{p}.attn"
-        ratio = cfg.compress_ratios[layer]
-        if ratio == 4:
-            comp(f"{a}.compressor", ratio, d, True)
-            comp(f"{a}.indexer.compressor", ratio, cfg.index_head_dim, True)
-            fp8(f"{a}.indexer.wq_b", cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank)
-            dense(f"{a}.indexer.weights_proj", cfg.index_n_heads, h)
-        elif ratio:
-            comp(f"{a}.compressor", ratio, d, False)
-        fp8(f"{a}.wq_a", cfg.q_lora_rank, h)
-        floats(f"{a}.q_norm.weight", cfg.q_lora_rank)
-        fp8(f"{a}.wq_b", nh * d, cfg.q_lora_rank)
-        fp8(f"{a}.wkv", d, h)
-        floats(f"{a}.kv_norm.weight", d)
-        fp8(f"{a}.wo_a", cfg.o_groups * cfg.o_lora_rank, nh * d // cfg.o_groups)
-        fp8(f"{a}.wo_b", h, cfg.o_groups * cfg.o_lora_rank)
-        floats(f"{a}.attn_sink", nh)
-        f = f"{p}.ffn"
-        dense(f"{f}.gate", n_exp, h)
-        if layer < cfg.num_hash_layers:
-            out[f"{f}.gate.tid2eid"] = (("I64", "I32"), (vocab, cfg.num_experts_per_tok))
-        else:
-            floats(f"{f}.gate.bias", n_exp)
-        fp8(f"{f}.shared_experts.w1", inter, h)
-        fp8(f"{f}.shared_experts.w3", inter, h)
-        fp8(f"{f}.shared_experts.w2", h, inter)
-        floats(f"{p}.attn_norm.weight", h)
-        floats(f"{p}.ffn_norm.weight", h)
-        for e in range(n_exp):
-            x = f"{f}.experts.{e}"
-            for w in ("w1", "w3"):
-                out[f"{x}.{w}.weight"] = (("I8",), (inter, h // 2))
-                out[f"{x}.{w}.scale"] = (("F8_E8M0",), (inter, h // 32))
-            out[f"{x}.w2.weight"] = (("I8",), (h, inter // 2))
-            out[f"{x}.w2.scale"] = (("F8_E8M0",), (h, inter // 32))
-    return out
+# The engine's own test of "is this a routed expert" (its tensor table, which the loader checks
+# before reading any weight, is ``expected_tensors``): one definition each, in the core.
+is_routed_expert = _core.is_routed_expert
 
 
 def _read_header(path: Path, size: int) -> Tuple[Optional[Dict[str, Any]], int, str]:
@@ -183,9 +109,6 @@ def _list_problems(inspection: Inspection, what: str, items: List[str], limit: i
 def inspect_checkpoint(path: os.PathLike, tokenizer: bool = True) -> Inspection:
     """Validates a checkpoint without reading any tensor data: config.json, the index, every
     shard's header and size, and every tensor's presence, dtype and shape."""
-    from . import _core
-    from .config import load_config
-
     root = Path(path)
     ins = Inspection(root)
     try:
