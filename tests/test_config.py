@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -176,6 +177,15 @@ def test_real_model_bytes_come_from_the_table():
     assert four["dense_resident_bytes"] < m["dense_resident_bytes"]
     with pytest.raises(ValueError, match="n_layers must be in 1..43"):
         bench.real_model_bytes(44)
+    # dense_resident_bytes is the planner's dense part: on a fixture (exactly the table plus
+    # mtp.*) the table's dense entries in their published dtypes add up to the plan's
+    dense = sum(
+        math.prod(shape) * bench.ITEMSIZE[dtypes[0]]
+        for name, dtypes, shape in _core.expected_tensors(good())
+        if not _core.is_routed_expert(name)
+    )
+    assert v4flash.plan(GOOD, ram_gb=2)["dense_bytes"] == dense
+    assert m["dense_resident_bytes"] / 1e9 == pytest.approx(8.85, abs=0.005)  # architecture §3
 
 
 def test_doctor_plans_the_context_the_engine_runs_with(capsys):

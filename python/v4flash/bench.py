@@ -492,9 +492,14 @@ def published_config(n_layers: int = 43) -> Dict[str, Any]:
 def real_model_bytes(n_layers: int = 43) -> Dict[str, float]:
     """Dense and expert sizes of the published checkpoint (its first ``n_layers`` layers; 43 is
     the whole model): the engine's tensor table for the published config, each tensor in the
-    dtype the release stores it in (the table's first)."""
+    dtype the release stores it in (the table's first).
+
+    ``dense_resident_bytes`` is what the engine keeps in memory and its planner counts as
+    dense: every tensor but the routed experts, the embedding and the head included.
+    ``dense_bytes_per_token`` is what a decode step reads of it: the same with one row of the
+    embedding and of each ``tid2eid``."""
     d = published_config(n_layers)
-    dense = expert_total = embed = embed_row = 0
+    resident = per_token = expert_total = embed = 0
     n_parts = 0
     for name, dtypes, shape in _core.expected_tensors(d):
         item = ITEMSIZE[dtypes[0]]
@@ -502,15 +507,17 @@ def real_model_bytes(n_layers: int = 43) -> Dict[str, float]:
         if _core.is_routed_expert(name):
             expert_total += nbytes
             n_parts += 1
-        elif name == "embed.weight":
-            embed, embed_row = nbytes, shape[-1] * item
-        elif name.endswith(".gate.tid2eid"):
-            dense += shape[-1] * item  # one row per token
+            continue
+        resident += nbytes
+        if name == "embed.weight":
+            embed = nbytes
+        if name == "embed.weight" or name.endswith(".gate.tid2eid"):
+            per_token += shape[-1] * item  # one row per token
         else:
-            dense += nbytes
+            per_token += nbytes
     return {
-        "dense_bytes_per_token": float(dense + embed_row),
-        "dense_resident_bytes": float(dense),
+        "dense_bytes_per_token": float(per_token),
+        "dense_resident_bytes": float(resident),
         "embed_bytes": float(embed),
         "expert_bytes": float(expert_total * 6 // max(n_parts, 1)),
         "layers": float(n_layers),
@@ -546,8 +553,9 @@ def predict_table(
 ) -> List[Dict[str, float]]:
     """Predicted decode tok/s of the full 43-layer model per RAM budget and disk speed.
 
-    The dense part and the head stay resident (the embedding is read a row at a time); what the
-    budget leaves after ``overhead_gb`` (KV cache, activations, runtime) holds experts; the
+    The dense part stays resident, the embedding and the head included, as the engine keeps
+    them (a decode step reads one row of the embedding); what the budget leaves after
+    ``overhead_gb`` (KV cache, activations, runtime) holds experts; the
     cache is assumed to keep each layer's most popular experts under Zipf(``zipf``)
     popularity; the bound is the limit formula above at memory bandwidth ``mem_gbs``."""
     m = real_model_bytes()
@@ -588,8 +596,8 @@ def print_predict(rows: List[Dict[str, float]]) -> None:
     m = real_model_bytes()
     print(
         f"DeepSeek V4 Flash (43 layers): dense {m['dense_bytes_per_token'] / GB:.2f} GB/token "
-        f"(incl. head), resident {m['dense_resident_bytes'] / GB:.2f} GB + embedding "
-        f"{m['embed_bytes'] / GB:.2f} GB on disk, expert {m['expert_bytes'] / 1e6:.2f} MB; "
+        f"(incl. head), resident {m['dense_resident_bytes'] / GB:.2f} GB (embedding "
+        f"{m['embed_bytes'] / GB:.2f} GB included), expert {m['expert_bytes'] / 1e6:.2f} MB; "
         f"memory {rows[0]['mem_gbs']:.0f} GB/s; Zipf-popular experts, cache = top per layer"
     )
     disks = sorted({r["disk_gbs"] for r in rows})
