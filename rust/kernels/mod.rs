@@ -100,11 +100,16 @@ impl<'a> MatRef<'a> {
 /// y[n, rows.len()] = x[n, cols] · W[rows]ᵀ, parallel over rows in the current rayon pool.
 pub fn matmul(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
     check_args(m, &rows, x, n, y);
+    counted(m, &rows, n, || run(active_tier(), m, rows.clone(), x, n, y));
+}
+
+/// Runs `f` (a product of `m`'s `rows` with n tokens), adding its wall time and flops to the
+/// process-wide kernel counters.
+fn counted(m: &MatRef, rows: &Range<usize>, n: usize, f: impl FnOnce()) {
     let t0 = std::time::Instant::now();
-    let flops = 2 * (rows.len() * m.cols * n) as u64;
-    run(active_tier(), m, rows, x, n, y);
+    f();
     KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
+    KERNEL_FLOPS.fetch_add(2 * (rows.len() * m.cols * n) as u64, Ordering::Relaxed);
 }
 
 /// How activations meet the weights.
@@ -158,11 +163,9 @@ pub fn matmul_in(
     match (numerics, m.w) {
         (Numerics::Fast, Weights::Fp4 { .. }) => {
             check_args(m, &rows, x, n, y);
-            let t0 = std::time::Instant::now();
-            let flops = 2 * (rows.len() * m.cols * n) as u64;
-            run_q8(active_tier(), m, rows, x, n, y);
-            KERNEL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            KERNEL_FLOPS.fetch_add(flops, Ordering::Relaxed);
+            counted(m, &rows, n, || {
+                run_q8(active_tier(), m, rows.clone(), x, n, y)
+            });
         }
         (Numerics::Fp8Act, Weights::Fp8 { .. } | Weights::Fp4 { .. }) => {
             check_args(m, &rows, x, n, y);
