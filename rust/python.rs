@@ -82,22 +82,7 @@ fn run_cancellable<T: Send>(
         });
         (h.join(), interrupted)
     });
-    match result {
-        Ok(Ok(v)) => {
-            if interrupted.is_some() {
-                // The work finished before it saw the flag, but check_signals consumed the
-                // SIGINT: hand it back to Python so the KeyboardInterrupt is not lost.
-                // SAFETY: called with the GIL held (we are attached here), as the C API needs.
-                unsafe { pyo3::ffi::PyErr_SetInterrupt() };
-            }
-            Ok(v)
-        }
-        Ok(Err(Error::Cancelled)) => Err(interrupted.unwrap_or_else(|| to_py(Error::Cancelled))),
-        Ok(Err(e)) => Err(to_py(e)),
-        Err(_) => Err(PyRuntimeError::new_err(
-            "internal error: the v4flash worker thread panicked",
-        )),
-    }
+    finish(py, result, interrupted)
 }
 
 /// `run_cancellable` for work that reports progress: `f` gets a `report(count)` it calls at
@@ -160,22 +145,29 @@ fn run_reporting<T: Send>(
         });
         (h.join(), stopped)
     });
+    finish(py, result, stopped)
+}
+
+/// The Python result of worker `result` when the waiting thread saw `stopped` (a signal
+/// handler's exception, Ctrl-C's KeyboardInterrupt, or a progress callback's exception).
+fn finish<T>(
+    py: Python<'_>,
+    result: std::thread::Result<crate::Result<T>>,
+    stopped: Option<PyErr>,
+) -> PyResult<T> {
     match result {
-        Ok(Ok(v)) => {
-            if let Some(e) = stopped {
-                if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) {
-                    // finished before it saw the flag: hand the SIGINT back to Python
-                    // SAFETY: called with the GIL held (we are attached here), as the C API
-                    // needs.
-                    unsafe { pyo3::ffi::PyErr_SetInterrupt() };
-                } else {
-                    // cannot happen: after a callback's exception the worker checks the flag
-                    // before any further work
-                    return Err(e);
-                }
+        Ok(Ok(v)) => match stopped {
+            // The work finished before it saw the flag, but check_signals consumed the
+            // SIGINT: hand it back to Python so the KeyboardInterrupt is not lost.
+            Some(e) if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) => {
+                // SAFETY: called with the GIL held (we are attached here), as the C API needs.
+                unsafe { pyo3::ffi::PyErr_SetInterrupt() };
+                Ok(v)
             }
-            Ok(v)
-        }
+            // another exception (a signal handler's or a callback's) is raised, not lost
+            Some(e) => Err(e),
+            None => Ok(v),
+        },
         Ok(Err(Error::Cancelled)) => Err(stopped.unwrap_or_else(|| to_py(Error::Cancelled))),
         Ok(Err(e)) => Err(to_py(e)),
         Err(_) => Err(PyRuntimeError::new_err(
