@@ -554,23 +554,15 @@ impl<R: Read> HashReader<'_, R> {
     }
 
     fn u32s(&mut self, n: usize) -> Result<Vec<u32>> {
-        let mut v = Vec::with_capacity(n);
-        let mut buf = vec![0u8; n.min(16384) * 4];
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(16384);
-            self.take(&mut buf[..k * 4])?;
-            v.extend(
-                buf[..k * 4]
-                    .chunks_exact(4)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
-            left -= k;
-        }
-        Ok(v)
+        self.words(n, u32::from_le_bytes)
     }
 
     fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
+        self.words(n, f32::from_le_bytes)
+    }
+
+    /// n little-endian 4-byte values, read (and hashed) in pieces of at most 64 KiB.
+    fn words<T>(&mut self, n: usize, from: fn([u8; 4]) -> T) -> Result<Vec<T>> {
         let mut v = Vec::with_capacity(n);
         let mut buf = vec![0u8; n.min(16384) * 4];
         let mut left = n;
@@ -580,7 +572,7 @@ impl<R: Read> HashReader<'_, R> {
             v.extend(
                 buf[..k * 4]
                     .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    .map(|b| from([b[0], b[1], b[2], b[3]])),
             );
             left -= k;
         }
