@@ -332,7 +332,7 @@ def _wait_idle(http, seconds=10):
     return False
 
 
-def test_disconnect_mid_stream_cancels_and_the_server_goes_on(server, http, client):
+def test_disconnect_mid_stream_cancels_and_the_server_goes_on(server, http, client, m):
     # greedy: the demo's answer to HELLO runs ~2000 tokens before its EOS
     body = {"messages": HELLO, "max_tokens": 60000, "stream": True, "temperature": 0}
     before = len(server.logs)
@@ -345,8 +345,15 @@ def test_disconnect_mid_stream_cancels_and_the_server_goes_on(server, http, clie
     t0 = time.time()
     assert _wait_idle(http), "the generation went on after the client left"
     assert time.time() - t0 < 5
-    r = client.chat.completions.create(model="demo", messages=HELLO, max_tokens=3)
-    assert r.usage.completion_tokens == 3
+    # the next request works, from the cached state, and answers as a cold run does (seeded:
+    # an unseeded request may sample the end of the answer within 3 tokens)
+    r = client.chat.completions.create(
+        model="demo", messages=HELLO, max_tokens=3, temperature=1.0, seed=11
+    )
+    want = m.chat(HELLO, max_new_tokens=3, temperature=1.0, seed=11, cache=False)
+    assert r.usage.completion_tokens == want.usage.completion_tokens
+    assert r.choices[0].message.content == want.content
+    assert r.usage.prompt_tokens_details.cached_tokens > 0
     assert _eventually(lambda: any(" 499 " in x for x in server.logs[before:]))
     line = next(x for x in server.logs[before:] if " 499 " in x)
     assert "stream cancelled" in line  # stopped between tokens, not at the end
