@@ -301,23 +301,20 @@ impl<W: Write> HashWriter<W> {
     }
 
     fn u32s(&mut self, v: &[u32]) -> std::io::Result<()> {
-        let mut buf = Vec::with_capacity(v.len().min(16384) * 4);
-        for c in v.chunks(16384) {
-            buf.clear();
-            for x in c {
-                buf.extend_from_slice(&x.to_le_bytes());
-            }
-            self.put(&buf)?;
-        }
-        Ok(())
+        self.words(v, |x| x.to_le_bytes())
     }
 
     fn f32s(&mut self, v: &[f32]) -> std::io::Result<()> {
+        self.words(v, |x| x.to_le_bytes())
+    }
+
+    /// `v` as little-endian 4-byte values, written (and hashed) in pieces of at most 64 KiB.
+    fn words<T: Copy>(&mut self, v: &[T], le: fn(T) -> [u8; 4]) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(v.len().min(16384) * 4);
         for c in v.chunks(16384) {
             buf.clear();
-            for x in c {
-                buf.extend_from_slice(&x.to_le_bytes());
+            for &x in c {
+                buf.extend_from_slice(&le(x));
             }
             self.put(&buf)?;
         }
