@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import v4flash
-from conftest import FIXTURES, model_for
+from conftest import FIXTURES, main_, model_for
 from v4flash.chat import Conversation, Sampling
 from v4flash.cli import expected_tensors, inspect_checkpoint
 from v4flash.cli import main as cli_main
@@ -30,18 +30,6 @@ def cli(*args, input=None, timeout=120):
         encoding="utf-8",
         timeout=timeout,
     )
-
-
-class Result:
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-def main_(capsys, *args):
-    """In-process ``v4flash ARGS`` (faster than a subprocess; same code path)."""
-    code = cli_main([str(a) for a in args])
-    out = capsys.readouterr()
-    return Result(code, out.out, out.err)
 
 
 def assert_clean_error(p, *fragments):

@@ -8,22 +8,10 @@ import os
 import pytest
 
 import v4flash
-from conftest import FIXTURES
+from conftest import FIXTURES, main_
 from v4flash import _core, bench, doctor
-from v4flash.cli import main as cli_main
 
 TINY = FIXTURES / "tiny-a"
-
-
-class Result:
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-def main_(capsys, *args):
-    code = cli_main([str(a) for a in args])
-    out = capsys.readouterr()
-    return Result(code, out.out, out.err)
 
 
 def row(out: str, what: str) -> str:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, main_
 from hub_layout import (
     COMMIT,
     REPO,
@@ -22,22 +22,10 @@ from hub_layout import (
     make_local_dir,
 )
 from v4flash import hub
-from v4flash.cli import main as cli_main
 from v4flash.doctor import GB, _gb
 
 TINY = FIXTURES / "tiny-a"
 SHARD = "model-00002-of-00002.safetensors"
-
-
-class Result:
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-def main_(capsys, *args):
-    code = cli_main([str(a) for a in args])
-    out = capsys.readouterr()
-    return Result(code, out.out, out.err)
 
 
 def cli(*args, env=None, timeout=120):
