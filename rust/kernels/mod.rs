@@ -20,9 +20,10 @@
 
 mod driver;
 mod generic;
+pub(crate) mod hadamard;
 pub mod ops;
 mod portable;
-mod quant;
+pub(crate) mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
