@@ -515,7 +515,7 @@ impl PyModel {
         }
     }
 
-    /// The numerics mode ("exact" or "fast").
+    /// The numerics mode (one of `NUMERICS`).
     #[getter]
     fn numerics(&self) -> &'static str {
         self.inner.numerics.name()
