@@ -153,9 +153,10 @@ impl Numerics {
         }
     }
 
-    /// Whether the KV entries and the indexer's vectors get DeepSeek's round trips too
-    /// (`Official`), beyond the activation round trip of the products.
-    pub fn qdq_kv(self) -> bool {
+    /// Whether DeepSeek's reference steps beyond the activation round trip apply
+    /// (`Official`): the KV and indexer round trips, and each routed expert's weight applied
+    /// before its down projection (so the round trip sees the weighted activation).
+    pub fn official(self) -> bool {
         self == Numerics::Official
     }
 

@@ -55,8 +55,11 @@ pub struct Ctx<'a> {
     pub rope_comp: &'a Rope,
     /// How the FP8 projections meet their inputs (`wo_a` always runs exact: DeepSeek's
     /// reference computes it in BF16, without activation quantization), and whether the KV
-    /// entries and the indexer's vectors are round-tripped (`Numerics::qdq_kv`).
+    /// entries and the indexer's vectors are round-tripped (`Numerics::official`).
     pub numerics: Numerics,
+    /// If set, each token's indexer selection (ascending entry indices) is appended here
+    /// (CSA layers only; for tests and measurements, `Model::layer_probe`).
+    pub sel_trace: Option<&'a std::sync::Mutex<Vec<Vec<usize>>>>,
 }
 
 impl AttnWeights {
@@ -99,7 +102,7 @@ impl AttnWeights {
         }
         // official: the non-rope dims of the window kv through FP8, after norm and rope
         // (DeepSeek's reference `Attention.forward`, revision 60d8d70)
-        if cx.numerics.qdq_kv() {
+        if cx.numerics.official() {
             quant::fp8_kv_qdq(&mut kv, d, c.rope_dim);
         }
         let prev = st.window.len() / d;
@@ -109,7 +112,7 @@ impl AttnWeights {
 
         // compressed entries (emitted for every window closed by these tokens)
         if let Some(cw) = &self.comp {
-            let qdq = if cx.numerics.qdq_kv() {
+            let qdq = if cx.numerics.official() {
                 EntryQdq::Fp8 {
                     rope_dim: c.rope_dim,
                 }
@@ -122,6 +125,11 @@ impl AttnWeights {
             Some(ix) => Some(self.index_select(cx, ix, &mut st.idx, x, &qr, n, pos0)),
             None => None,
         };
+        if let (Some(tr), Some(sel)) = (cx.sel_trace, &sel) {
+            if let Ok(mut tr) = tr.lock() {
+                tr.extend(sel.iter().cloned());
+            }
+        }
         let entries = &st.comp.entries;
         let n_entries = entries.len() / d;
         let ratio = self.kind.ratio();
@@ -197,7 +205,7 @@ impl AttnWeights {
     ) -> Vec<Vec<usize>> {
         let c = cx.cfg;
         let (ih, id) = (c.index_n_heads, c.index_head_dim);
-        let official = cx.numerics.qdq_kv();
+        let official = cx.numerics.official();
         let qdq = if official {
             EntryQdq::RotateFp4
         } else {
