@@ -11,7 +11,6 @@ grows through the layers; fed the reference's input, flips stay local and rare.
 import numpy as np
 import pytest
 
-import v4flash
 from conftest import FIXTURE_NAMES, FIXTURES, model_for
 
 
@@ -55,3 +54,69 @@ def test_the_layer_probe_rejects_bad_input():
         core._layer_probe(0, [])
     with pytest.raises(ValueError, match="out of range"):
         core._probe_logits(np.zeros((1, 4 * 192), dtype=np.float32), [1])
+
+
+def _reference(name):
+    r = np.load(FIXTURES / f"{name}.official.npz")
+    n_layers = len([k for k in r.files if k.endswith(".out")])
+    return r, [int(i) for i in r["ids"]], n_layers
+
+
+def _layer_vs_reference(name, mode):
+    """Per layer: (relative L2 error, fraction of token rows off by > 1e-4 of the output's
+    scale, indexer agreement or None) of the engine fed the reference's input."""
+    r, ids, n_layers = _reference(name)
+    core = model_for(name, numerics=mode)._core
+    res = []
+    for layer in range(n_layers):
+        x = None if layer == 0 else np.ascontiguousarray(r[f"layer{layer - 1}.out"])
+        out, sel = core._layer_probe(layer, ids, x)
+        ref = r[f"layer{layer}.out"]
+        rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+        rows_off = float((np.abs(out - ref).max(-1) > 1e-4 * np.abs(ref).max()).mean())
+        agree = None
+        if sel is not None:
+            rs = r[f"layer{layer}.sel"]  # [S, k], -1 = invalid
+            k = rs.shape[1]
+            # the rows where the indexer really chooses (more visible entries than k)
+            rows = [t for t in range(len(ids)) if (t + 1) // 4 > k]
+            assert rows, "the reference prompt must be long enough for the indexer to drop entries"
+            agree = float(
+                np.mean([len(set(sel[t]) & {int(v) for v in rs[t] if v >= 0}) / k for t in rows])
+            )
+        res.append((rel, rows_off, agree))
+    return res
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_official_matches_the_torch_reference_layer_by_layer(name):
+    """Measured: relative error 0.9e-7..1.6e-7 per layer, no row off, every selection equal.
+    The bounds leave room for rare rounding-boundary flips (one flipped FP8 input moves its
+    rows by ~1e-3) but not for a missing or misplaced step (fp8-act, below, is ~2e-2 off)."""
+    for layer, (rel, rows_off, agree) in enumerate(_layer_vs_reference(name, "official")):
+        assert rel < 2e-4, (layer, rel)
+        assert rows_off <= 0.1, (layer, rows_off)
+        if agree is not None:
+            assert agree >= 0.9, (layer, agree)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_the_reference_tells_official_from_the_activation_round_trip_alone(name):
+    """The comparison can fail: fp8-act (official without the KV, indexer and expert-weight
+    steps) and exact are ~1e-2..6e-2 off the reference at every layer, and the indexer picks
+    differ somewhere."""
+    for mode in ("fp8-act", "exact"):
+        res = _layer_vs_reference(name, mode)
+        assert all(rel > 5e-3 and rows_off > 0.5 for rel, rows_off, _ in res), (mode, res)
+        assert min(a for _, _, a in res if a is not None) < 1.0, (mode, res)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_official_head_matches_the_reference_logits(name):
+    r, ids, n_layers = _reference(name)
+    core = model_for(name, numerics="official")._core
+    x = np.ascontiguousarray(r[f"layer{n_layers - 1}.out"])
+    got = core._probe_logits(x, [len(ids) - 1])[0]
+    want = r["logits_last"]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert got.argmax() == want.argmax()
