@@ -120,3 +120,25 @@ def test_official_head_matches_the_reference_logits(name):
     want = r["logits_last"]
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     assert got.argmax() == want.argmax()
+
+
+def test_the_measurement_script_runs_and_compares():
+    """benches/official.py on a fixture: the numbers are in range and a mode against itself
+    differs in nothing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_official", FIXTURES.parent / "benches" / "official.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = bench.measure(str(FIXTURES / "tiny-a"), 40, 4, 0, {})
+    assert r["csa_layers"] == [2, 4] and r["positions"] == 40 - (4 * 4 + 3)
+    for m in r["pairs"].values():
+        assert 0.0 < m["sel_diff"] <= 1.0 and 0.0 < m["kl_mean"] and 0.0 <= m["top1"] <= 1.0
+        assert m["sel_rows"] == 2 * r["positions"]
+    ids = list(range(3, 40))
+    rows = list(range(19, 37))
+    one = bench.run_mode(str(FIXTURES / "tiny-a"), "official", ids, rows, 4, {})
+    same = bench.compare(one, one, rows, 4)
+    assert same["sel_diff"] == 0.0 and same["kl_max"] == 0.0 and same["greedy_match"] == 1.0
