@@ -463,6 +463,9 @@ fn is_routed_expert(name: &str) -> bool {
     crate::checkpoint::expected::is_routed_expert(name)
 }
 
+/// `_layer_probe`'s result: output streams, and the indexer's picks of a CSA layer.
+type ProbeOut<'py> = (Bound<'py, PyArray2<f32>>, Option<Vec<Vec<usize>>>);
+
 #[pyclass(frozen, name = "Model", module = "v4flash._core")]
 struct PyModel {
     inner: Arc<CoreModel>,
@@ -550,7 +553,7 @@ impl PyModel {
         layer: usize,
         ids: Vec<u32>,
         x: Option<PyReadonlyArray2<'py, f32>>,
-    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Option<Vec<Vec<usize>>>)> {
+    ) -> PyResult<ProbeOut<'py>> {
         let xin: Option<Vec<f32>> = match &x {
             Some(a) => Some(
                 a.as_slice()
