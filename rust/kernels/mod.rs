@@ -20,9 +20,10 @@
 
 mod driver;
 mod generic;
+pub(crate) mod hadamard;
 pub mod ops;
 mod portable;
-mod quant;
+pub(crate) mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -126,17 +127,37 @@ pub enum Numerics {
     /// routes through `matmul_in`, then the exact kernels. It shows how far the activation
     /// quantization the model was trained with moves the output, the yardstick for `Fast`.
     Fp8Act,
+    /// What DeepSeek's own reference inference computes (its quantization-aware-training
+    /// numerics): `Fp8Act`'s activation round trip before every FP8/FP4 product, plus an
+    /// FP8 round trip of the non-rope dims of every window and compressed KV entry
+    /// (`quant::fp8_kv_qdq`) and a Hadamard rotation then FP4 round trip of the lightning
+    /// indexer's query and keys (`hadamard::rotate`, `quant::fp4_qdq`). `wo_a`, the router,
+    /// the head and the compressor projections stay unquantized, as in the reference.
+    Official,
 }
 
 impl Numerics {
-    pub const ALL: [Numerics; 3] = [Numerics::Exact, Numerics::Fast, Numerics::Fp8Act];
+    pub const ALL: [Numerics; 4] = [
+        Numerics::Exact,
+        Numerics::Fast,
+        Numerics::Fp8Act,
+        Numerics::Official,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Numerics::Exact => "exact",
             Numerics::Fast => "fast",
             Numerics::Fp8Act => "fp8-act",
+            Numerics::Official => "official",
         }
+    }
+
+    /// Whether DeepSeek's reference steps beyond the activation round trip apply
+    /// (`Official`): the KV and indexer round trips, and each routed expert's weight applied
+    /// before its down projection (so the round trip sees the weighted activation).
+    pub fn official(self) -> bool {
+        self == Numerics::Official
     }
 
     pub fn from_name(s: &str) -> Option<Numerics> {
@@ -150,8 +171,10 @@ impl Numerics {
     }
 }
 
-/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, `Fp8Act`
-/// rounds x through FP8 before FP8 and FP4 matrices; every other case is `matmul`.
+/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, `Fp8Act` and
+/// `Official` round x through FP8 before FP8 and FP4 matrices (`linear` in DeepSeek's
+/// reference `inference/model.py`: `act_quant(x, 128, ...)` before `fp8_gemm`/`fp4_gemm`);
+/// every other case is `matmul`.
 pub fn matmul_in(
     numerics: Numerics,
     m: &MatRef,
@@ -167,7 +190,7 @@ pub fn matmul_in(
                 run_q8(active_tier(), m, rows.clone(), x, n, y)
             });
         }
-        (Numerics::Fp8Act, Weights::Fp8 { .. } | Weights::Fp4 { .. }) => {
+        (Numerics::Fp8Act | Numerics::Official, Weights::Fp8 { .. } | Weights::Fp4 { .. }) => {
             check_args(m, &rows, x, n, y);
             let mut xq = x.to_vec();
             quant::fp8_act_qdq(&mut xq, m.cols);
