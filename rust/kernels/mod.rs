@@ -2,7 +2,8 @@
 //!
 //! The engine is memory-bound in decode: every generated token streams the dense weights
 //! once, so these kernels decode FP8/FP4/BF16 on the fly from the checkpoint layout and
-//! accumulate in f32. A kernel tier (AVX-512, AVX2+FMA, portable) is chosen once at run time.
+//! accumulate in f32. A kernel tier (AVX-512, AVX2+FMA on x86_64; NEON+dotprod, NEON on
+//! aarch64; portable everywhere) is chosen once at run time.
 //!
 //! Determinism contract (tests rely on it):
 //! - output rows are independent; threads split rows, so any thread count gives
@@ -11,13 +12,15 @@
 //!   that token alone (the per-row accumulation order does not depend on n);
 //! - tiers may differ from each other at rounding level only.
 //!
-//! Tier selection: the best tier the CPU supports, decided once. `V4FLASH_KERNELS=portable|avx2|avx512`
-//! forces a tier; asking for one the CPU lacks (or an unknown name) prints a one-time warning
+//! Tier selection: the best tier the CPU supports, decided once.
+//! `V4FLASH_KERNELS=portable|avx2|avx512|neon|neon-dotprod` forces a tier; asking for one the CPU lacks (or an unknown name) prints a one-time warning
 //! on stderr and uses the best available tier instead. `tier_name()` reports the choice.
 //!
 //! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
 //! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 mod driver;
 mod generic;
 pub(crate) mod hadamard;
@@ -264,21 +267,35 @@ pub fn matmul_q8_tier(
 /// tier's kernels; a tier type exists only once detected (the tier must be available).
 macro_rules! with_kernel {
     ($tier:expr, $k:ident => $body:expr) => {{
-        #[cfg(target_arch = "x86_64")]
         match $tier {
+            #[cfg(target_arch = "x86_64")]
             Tier::Avx512 => {
                 if let Some($k) = x86::Avx512::detect() {
                     return $body;
                 }
             }
+            #[cfg(target_arch = "x86_64")]
             Tier::Avx2 => {
                 if let Some($k) = x86::Avx2::detect() {
                     return $body;
                 }
             }
-            Tier::Portable => {}
+            #[cfg(target_arch = "aarch64")]
+            Tier::NeonDot => {
+                if let Some($k) = aarch64::NeonDot::detect() {
+                    return $body;
+                }
+            }
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => {
+                if let Some($k) = aarch64::Neon::detect() {
+                    return $body;
+                }
+            }
+            // the portable tier, and (unreachable: callers check `available`) a tier of
+            // another architecture
+            _ => {}
         }
-        let _ = $tier;
         let $k = portable::Portable;
         $body
     }};
@@ -336,20 +353,41 @@ pub fn fma_probe(tier: Tier, iters: usize) -> Option<(f32, u64)> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {
     Portable,
+    /// x86_64: avx2 + fma + f16c.
     Avx2,
+    /// x86_64: avx512f/bw/vl + avx2 + fma + f16c.
     Avx512,
+    /// aarch64: NEON (every aarch64 CPU).
+    Neon,
+    /// aarch64: NEON + dotprod (`sdot` for the int8 path).
+    NeonDot,
 }
 
 impl Tier {
-    /// All tiers, best first.
-    pub const ALL: [Tier; 3] = [Tier::Avx512, Tier::Avx2, Tier::Portable];
+    /// All tiers of every architecture, best first within each.
+    pub const ALL: [Tier; 5] = [
+        Tier::Avx512,
+        Tier::Avx2,
+        Tier::NeonDot,
+        Tier::Neon,
+        Tier::Portable,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Tier::Portable => "portable",
             Tier::Avx2 => "avx2",
             Tier::Avx512 => "avx512",
+            Tier::Neon => "neon",
+            Tier::NeonDot => "neon-dotprod",
         }
+    }
+
+    /// The names, for messages ("portable|avx2|...").
+    pub fn names() -> String {
+        let mut v: Vec<&str> = Tier::ALL.iter().map(|t| t.name()).collect();
+        v.reverse();
+        v.join("|")
     }
 
     pub fn from_name(s: &str) -> Option<Tier> {
@@ -364,7 +402,10 @@ impl Tier {
             Tier::Avx2 => x86::Avx2::detect().is_some(),
             #[cfg(target_arch = "x86_64")]
             Tier::Avx512 => x86::Avx512::detect().is_some(),
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => aarch64::Neon::detect().is_some(),
+            #[cfg(target_arch = "aarch64")]
+            Tier::NeonDot => aarch64::NeonDot::detect().is_some(),
             _ => false,
         }
     }
@@ -398,7 +439,8 @@ pub fn active_tier() -> Tier {
                 }
                 None => {
                     eprintln!(
-                        "v4flash: V4FLASH_KERNELS={s} is not one of portable|avx2|avx512, using {}",
+                        "v4flash: V4FLASH_KERNELS={s} is not one of {}, using {}",
+                        Tier::names(),
                         best.name()
                     );
                     best
