@@ -637,3 +637,6 @@ impl Default for LoadOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests_fixtures;
