@@ -1,11 +1,13 @@
 //! NEON tiers: 8 f32 lanes as a pair of 128-bit registers (2 x 4).
 //!
-//! Why 2 x 4 and not 4 lanes: the byte work of the decoders (FP8 widening and masking, the
-//! FP4 nibble split and table lookup) runs on 8- and 16-byte registers, so 8 lanes per call
-//! need no more of it than 4 would; and four rows sharing each x load then keep eight
-//! independent FMA chains in flight, what two FMA pipes of four cycles' latency (Cortex-A76,
-//! Neoverse N1) need to stay busy. With 8 lanes the column layout, the chain and the lane sum
-//! are those of the AVX2 tier, so the two give bit-identical results (`tests`).
+//! Why 2 x 4 and not 4 lanes (on paper; nothing here was timed on ARM hardware): the byte
+//! work of the decoders (FP8 widening and masking, the FP4 nibble split and table lookup)
+//! fills 8- and 16-byte registers, so 8 lanes cost the same instructions for it as 4 (only
+//! the widening to f32 grows with the lanes), and the load, loop and scale overhead per call
+//! is halved; and four rows sharing each x load keep eight independent FMA chains in flight,
+//! what two FMA pipes of four cycles' latency (Cortex-A76, Neoverse N1) need to stay busy.
+//! With 8 lanes the column layout, the chain and the lane sum are those of the AVX2 tier, so
+//! the two give bit-identical results (`tests::kernels_golden_outputs`).
 //!
 //! - FMA: `vfmaq_f32`, fused like the x86 tiers.
 //! - FP8: bytes sign-extended to 16 bits, `(s << 7) & 0xBF80` is the f16 of e4m3 / 256
