@@ -46,7 +46,7 @@ for pair in $CPUS; do
   cpu=${pair%%:*}
   tier=${pair#*:}
   step "core tests under qemu-aarch64 -cpu $cpu (tier $tier)"
-  log="target/cross-$A64-$cpu.log"
+  log="${CARGO_TARGET_DIR:-target}/cross-$A64-$cpu.log"
   # --show-output: the tests' own lines (which tier ran, what was skipped and why) go to
   # the log, and are summarised below
   if ! CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
