@@ -13,8 +13,9 @@
 //! - tiers may differ from each other at rounding level only.
 //!
 //! Tier selection: the best tier the CPU supports, decided once.
-//! `V4FLASH_KERNELS=portable|avx2|avx512|neon|neon-dotprod` forces a tier; asking for one the CPU lacks (or an unknown name) prints a one-time warning
-//! on stderr and uses the best available tier instead. `tier_name()` reports the choice.
+//! `V4FLASH_KERNELS=portable|neon|neon-dotprod|avx2|avx512` forces a tier; asking for one
+//! the CPU lacks (or an unknown name) prints a one-time warning on stderr and uses the best
+//! available tier instead. `tier_name()` reports the choice.
 //!
 //! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
 //! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
@@ -383,7 +384,7 @@ impl Tier {
         }
     }
 
-    /// The names, for messages ("portable|avx2|...").
+    /// The names, for messages ("portable|neon|...|avx512").
     pub fn names() -> String {
         let mut v: Vec<&str> = Tier::ALL.iter().map(|t| t.name()).collect();
         v.reverse();
