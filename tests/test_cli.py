@@ -183,7 +183,7 @@ def test_run_raw_and_stdin_prompt():
 def test_run_without_model_uses_the_demo(capsys):
     p = main_(capsys, "run", *GREEDY, "--max-tokens", 3, "Hello")
     assert p.returncode == 0, p.stderr
-    assert "tiny random-weight" in p.stderr and "NOT DeepSeek" in p.stderr
+    assert "bundled demo" in p.stderr and "NOT DeepSeek" in p.stderr
 
 
 def test_run_errors_are_one_line(capsys):
@@ -315,7 +315,7 @@ def test_info_plan_table_names_every_part_of_the_total(capsys):
 def test_info_without_model_describes_the_demo(capsys):
     p = main_(capsys, "info")
     assert p.returncode == 0, p.stderr
-    assert "tiny random-weight" in p.stderr and "NOT DeepSeek" in p.stderr
+    assert "bundled demo" in p.stderr and "NOT DeepSeek" in p.stderr
     assert "DEMO" in p.stdout and "checkpoint ok" in p.stdout
 
 

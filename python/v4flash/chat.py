@@ -16,7 +16,7 @@ session as is valid:
 Answers keep the ids the model generated: in the re-encoded prompt, each earlier answer's
 content (the ids between ``<｜Assistant｜></think>`` and its EOS) is replaced by the generated
 ids when they decode to the same text, because re-tokenizing generated text may split it
-differently (always so for the random-weight demo). Every other id, template and user text
+differently (common with a small vocabulary). Every other id, template and user text
 alike, must match the session's exactly, or the session is not reused.
 """
 
@@ -899,7 +899,7 @@ class ChatApp:
         resumed = self.resume_session()
         mode = "thinking" if self.conv.thinking else "chat"
         title = "v4flash chat" + (
-            " · tiny random-weight DEMO model (not DeepSeek)" if self.demo else ""
+            " · tiny DEMO model (not DeepSeek)" if self.demo else ""
         )
         self.out.print(f"[bold]{title}[/] · {mode} mode · /help for commands", highlight=False)
         if resumed:

@@ -245,7 +245,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="v4flash",
         description="Run DeepSeek V4 Flash on the CPU, streaming experts from disk.",
-        epilog="Without --model the commands use a tiny random-weight demo checkpoint.",
+        epilog="Without --model the commands use a tiny demo checkpoint (trained on fortune cookies; not DeepSeek).",
     )
     p.add_argument("--version", action="version", version=f"v4flash {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -483,7 +483,7 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
     repo = getattr(args, "model_repo", None)
     where = f"{repo} (Hugging Face cache: {path})" if repo else str(path)
     out.print(
-        f"checkpoint: {where}" + ("  (tiny random-weight DEMO, not DeepSeek)" if demo else ""),
+        f"checkpoint: {where}" + ("  (tiny DEMO model, not DeepSeek)" if demo else ""),
         markup=False,
     )
     ins = inspect_checkpoint(path)
