@@ -898,9 +898,7 @@ class ChatApp:
     def _loop(self) -> int:
         resumed = self.resume_session()
         mode = "thinking" if self.conv.thinking else "chat"
-        title = "v4flash chat" + (
-            " · tiny DEMO model (not DeepSeek)" if self.demo else ""
-        )
+        title = "v4flash chat" + (" · tiny DEMO model (not DeepSeek)" if self.demo else "")
         self.out.print(f"[bold]{title}[/] · {mode} mode · /help for commands", highlight=False)
         if resumed:
             self._note(resumed)

@@ -245,7 +245,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="v4flash",
         description="Run DeepSeek V4 Flash on the CPU, streaming experts from disk.",
-        epilog="Without --model the commands use a tiny demo checkpoint (trained on fortune cookies; not DeepSeek).",
+        epilog="Without --model the commands use a tiny demo model (not DeepSeek).",
     )
     p.add_argument("--version", action="version", version=f"v4flash {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
