@@ -50,6 +50,17 @@ def make_prompts(vocab: int, n: int, length: int, seed: int = 0) -> List[List[in
     return [[int(i) for i in rng.integers(2, vocab, size=length)] for _ in range(n)]
 
 
+def text_prompts(tokenizer: Any, text: str, n: int, length: int) -> List[List[int]]:
+    """n prompts of `length` ids: consecutive windows of `text` tokenized (a trained model is
+    judged on the kind of text it models, not on random ids)."""
+    ids = tokenizer.encode_plain(text)
+    if len(ids) < n * length:
+        raise ValueError(
+            f"the text has {len(ids)} tokens; {n} prompts of {length} need {n * length}"
+        )
+    return [ids[i * length : (i + 1) * length] for i in range(n)]
+
+
 def _prefix_match(a: Sequence[int], b: Sequence[int]) -> float:
     k = 0
     for x, y in zip(a, b):
@@ -95,15 +106,22 @@ def measure(
     length: int = 48,
     gen: int = 16,
     seed: int = 0,
+    text: Optional[str] = None,
     load_kw: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """Loads `model_dir` once per mode (exact first) and compares each mode with exact."""
+    """Loads `model_dir` once per mode (exact first) and compares each mode with exact.
+    Prompts are random ids, or windows of `text` when it is given."""
     from . import load, load_config
+    from .tokenizer import load_tokenizer
 
     cfg = load_config(Path(model_dir))
-    ps = make_prompts(cfg.vocab_size, prompts, length, seed)
+    if text is None:
+        ps = make_prompts(cfg.vocab_size, prompts, length, seed)
+    else:
+        ps = text_prompts(load_tokenizer(model_dir), text, prompts, length)
     res: Dict[str, Any] = {
         "model": str(model_dir),
+        "prompt_source": "random ids" if text is None else "text",
         "layers": cfg.num_hidden_layers,
         "hidden": cfg.hidden_size,
         "prompts": prompts,
@@ -127,7 +145,7 @@ def measure(
 def _table(r: Dict[str, Any]) -> str:
     lines = [
         f"{r['model']} ({r['layers']} layers, hidden {r['hidden']}): {r['prompts']} prompts x "
-        f"{r['prompt_len']} tokens, greedy {r['gen']}",
+        f"{r['prompt_len']} tokens ({r['prompt_source']}), greedy {r['gen']}",
         f"{'mode':<8} {'KL mean':>10} {'KL max':>10} {'top-1':>7} {'greedy':>7} {'max err':>8}",
     ]
     for mode, m in r["modes"].items():
@@ -148,6 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--prompt-len", type=int, default=48)
     p.add_argument("--gen", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--text", type=Path, help="prompts from this text file instead of random ids")
     p.add_argument("--ram", type=float, default=None, help="RAM budget in GB per load")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -157,12 +176,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"unknown numerics mode(s) {bad}; choose from {list(NUMERICS)}", file=sys.stderr)
         return 2
     kw = {"ram_gb": a.ram} if a.ram else {}
-    results = [
-        measure(
-            m, modes, prompts=a.prompts, length=a.prompt_len, gen=a.gen, seed=a.seed, load_kw=kw
-        )
-        for m in a.model
-    ]
+    text = a.text.read_text(encoding="utf-8") if a.text else None
+    try:
+        results = [
+            measure(
+                m,
+                modes,
+                prompts=a.prompts,
+                length=a.prompt_len,
+                gen=a.gen,
+                seed=a.seed,
+                text=text,
+                load_kw=kw,
+            )
+            for m in a.model
+        ]
+    except ValueError as e:
+        print(f"fidelity: {e}", file=sys.stderr)
+        return 2
     if a.json:
         print(json.dumps(results, indent=1))
     else:
