@@ -74,6 +74,7 @@ pub(crate) enum SlotState {
     Failed(Failure),
     /// The kernel may still write into this slot (an io_uring read that could not be
     /// cancelled and reaped): it is never handed out again.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     Quarantined,
 }
 
@@ -114,6 +115,7 @@ pub(crate) struct Shared {
     pub engine: Mutex<String>,
     /// Test hook: make the next N io_uring waits fail as if the ring broke.
     #[cfg(test)]
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub fail_submits: std::sync::atomic::AtomicU32,
 }
 
@@ -406,6 +408,7 @@ impl Shared {
 
     /// Fails a job whose reads may still be written by the kernel: its slot is never used
     /// again (waiters get the error, then the slot stays out of service).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub fn quarantine(&self, job: &Job, why: &str) {
         let mut g = self.lock();
         if let Some(k) = g.slots[job.slot].key.take() {
