@@ -60,20 +60,20 @@ pub(crate) fn open_unbuffered(path: &Path) -> Option<File> {
         .open(path)
         .ok()?;
     match sector_size(&f) {
-        Some(s) if s == 0 || ALIGN % s as usize != 0 => {
+        Some(s) if s != 0 && ALIGN % s as usize != 0 => {
             eprintln!(
                 "v4flash: sector size {s} of {} does not divide {ALIGN}; using buffered reads",
                 path.display()
             );
             None
         }
-        // unknown (the query is not supported everywhere): try, and fall back if refused
+        // fits, or unknown (the query is not supported everywhere): try, fall back if refused
         _ => Some(f),
     }
 }
 
-/// The alignment unbuffered requests on `f` need: the larger of the logical sector size and
-/// the physical one, when the system reports them.
+/// The alignment unbuffered requests on `f` need (the volume's logical sector size), when the
+/// system reports it.
 fn sector_size(f: &File) -> Option<u32> {
     let mut info = std::mem::MaybeUninit::<FILE_STORAGE_INFO>::zeroed();
     // SAFETY: the handle is valid for the life of `f`; `info` is a writable buffer of exactly
@@ -91,10 +91,7 @@ fn sector_size(f: &File) -> Option<u32> {
     }
     // SAFETY: the call succeeded, so it filled the structure (and it was zeroed before).
     let info = unsafe { info.assume_init() };
-    Some(
-        info.LogicalBytesPerSector
-            .max(info.PhysicalBytesPerSectorForAtomicity),
-    )
+    Some(info.LogicalBytesPerSector)
 }
 
 thread_local! {
