@@ -11,7 +11,7 @@ use crate::plan::Plan;
 use crate::store::io::IoMode;
 use crate::store::policy::Policy;
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray2};
 use pyo3::create_exception;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyKeyboardInterrupt, PyMemoryError, PyOSError,
@@ -463,6 +463,9 @@ fn is_routed_expert(name: &str) -> bool {
     crate::checkpoint::expected::is_routed_expert(name)
 }
 
+/// `_layer_probe`'s result: output streams, and the indexer's picks of a CSA layer.
+type ProbeOut<'py> = (Bound<'py, PyArray2<f32>>, Option<Vec<Vec<usize>>>);
+
 #[pyclass(frozen, name = "Model", module = "v4flash._core")]
 struct PyModel {
     inner: Arc<CoreModel>,
@@ -515,7 +518,7 @@ impl PyModel {
         }
     }
 
-    /// The numerics mode ("exact" or "fast").
+    /// The numerics mode (one of `NUMERICS`).
     #[getter]
     fn numerics(&self) -> &'static str {
         self.inner.numerics.name()
@@ -535,6 +538,60 @@ impl PyModel {
             m.forward(&mut st, &ids, Want::All, &|| c.load(Ordering::Relaxed))
         })?;
         let a = Array2::from_shape_vec((ids.len(), self.inner.cfg.vocab_size), v)
+            .map_err(|e| PyRuntimeError::new_err(format!("internal: logits shape: {e}")))?;
+        Ok(a.into_pyarray(py))
+    }
+
+    /// Test and measurement hook (`model::layer_probe`): layer `layer` alone over `ids` from
+    /// position 0, on input streams x float32 [len(ids), hc·H] (None: the embedded ids).
+    /// Returns the output streams [len(ids), hc·H] and, for a CSA layer, each token's
+    /// indexer selection (else None).
+    #[pyo3(signature = (layer, ids, x=None))]
+    fn _layer_probe<'py>(
+        &self,
+        py: Python<'py>,
+        layer: usize,
+        ids: Vec<u32>,
+        x: Option<PyReadonlyArray2<'py, f32>>,
+    ) -> PyResult<ProbeOut<'py>> {
+        let xin: Option<Vec<f32>> = match &x {
+            Some(a) => Some(
+                a.as_slice()
+                    .map_err(|_| {
+                        PyValueError::new_err(
+                            "x must be a C-contiguous float32 array [len(ids), hc*H]",
+                        )
+                    })?
+                    .to_vec(),
+            ),
+            None => None,
+        };
+        let m = self.inner.clone();
+        let p = run_cancellable(py, |c| {
+            m.layer_probe(layer, &ids, xin.as_deref(), &|| c.load(Ordering::Relaxed))
+        })?;
+        let w = self.inner.cfg.hc_mult * self.inner.cfg.hidden_size;
+        let a = Array2::from_shape_vec((ids.len(), w), p.out)
+            .map_err(|e| PyRuntimeError::new_err(format!("internal: probe shape: {e}")))?;
+        Ok((a.into_pyarray(py), p.selections))
+    }
+
+    /// The logits float32 [len(rows), vocab] of final streams x [n, hc·H] (from
+    /// `_layer_probe` of the last layer) at the given rows.
+    fn _probe_logits<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f32>,
+        rows: Vec<usize>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let xv = x
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("x must be a C-contiguous float32 array"))?
+            .to_vec();
+        let m = self.inner.clone();
+        let n = rows.len();
+        let v = run_cancellable(py, |_| m.probe_logits(&xv, &rows))?;
+        let a = Array2::from_shape_vec((n, self.inner.cfg.vocab_size), v)
             .map_err(|e| PyRuntimeError::new_err(format!("internal: logits shape: {e}")))?;
         Ok(a.into_pyarray(py))
     }

@@ -13,4 +13,4 @@ def test_version_matches_core():
 
 
 def test_kernel_tier_is_known():
-    assert v4flash.kernel_tier() in ("portable", "avx2", "avx512")
+    assert v4flash.kernel_tier() in ("portable", "avx2", "avx512", "neon", "neon-dotprod")

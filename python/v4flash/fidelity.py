@@ -13,6 +13,8 @@ once per numerics mode and reports, against ``exact`` on the same prompts:
 ``fp8-act`` (DeepSeek's own FP8 activation round trip, the quantization the model was trained
 with) is the yardstick: on random-weight checkpoints every activation quantization looks far
 worse than on a trained model, so a mode is judged next to it, on the same prompts.
+``official`` adds DeepSeek's KV and indexer round trips; ``benches/official.py`` measures it
+on prompts long enough for the indexer to drop entries.
 """
 
 from __future__ import annotations

@@ -373,7 +373,9 @@ def load(
     ``NUMERICS``: ``exact`` (float32 activations, the mode checked against the reference),
     ``fast`` (int8 activations per 32-column block for the FP4 expert products) or
     ``fp8-act`` (DeepSeek's FP8 activation round trip before every FP8/FP4 product, a
-    yardstick); ``benches/fidelity.py`` measures how far each moves the output.
+    yardstick) or ``official`` (what DeepSeek's reference inference computes: that round trip,
+    plus FP8 KV entries and a Hadamard-rotated FP4 indexer); ``benches/fidelity.py`` and
+    ``benches/official.py`` measure how far each moves the output.
     """
     p = Path(path)
     config = load_config(p)

@@ -2,7 +2,8 @@
 //!
 //! The engine is memory-bound in decode: every generated token streams the dense weights
 //! once, so these kernels decode FP8/FP4/BF16 on the fly from the checkpoint layout and
-//! accumulate in f32. A kernel tier (AVX-512, AVX2+FMA, portable) is chosen once at run time.
+//! accumulate in f32. A kernel tier (AVX-512, AVX2+FMA on x86_64; NEON+dotprod, NEON on
+//! aarch64; portable everywhere) is chosen once at run time.
 //!
 //! Determinism contract (tests rely on it):
 //! - output rows are independent; threads split rows, so any thread count gives
@@ -11,18 +12,22 @@
 //!   that token alone (the per-row accumulation order does not depend on n);
 //! - tiers may differ from each other at rounding level only.
 //!
-//! Tier selection: the best tier the CPU supports, decided once. `V4FLASH_KERNELS=portable|avx2|avx512`
-//! forces a tier; asking for one the CPU lacks (or an unknown name) prints a one-time warning
-//! on stderr and uses the best available tier instead. `tier_name()` reports the choice.
+//! Tier selection: the best tier the CPU supports, decided once.
+//! `V4FLASH_KERNELS=portable|neon|neon-dotprod|avx2|avx512` forces a tier; asking for one
+//! the CPU lacks (or an unknown name) prints a one-time warning on stderr and uses the best
+//! available tier instead. `tier_name()` reports the choice.
 //!
 //! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
 //! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 mod driver;
 mod generic;
+pub(crate) mod hadamard;
 pub mod ops;
 mod portable;
-mod quant;
+pub(crate) mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -126,17 +131,37 @@ pub enum Numerics {
     /// routes through `matmul_in`, then the exact kernels. It shows how far the activation
     /// quantization the model was trained with moves the output, the yardstick for `Fast`.
     Fp8Act,
+    /// What DeepSeek's own reference inference computes (its quantization-aware-training
+    /// numerics): `Fp8Act`'s activation round trip before every FP8/FP4 product, plus an
+    /// FP8 round trip of the non-rope dims of every window and compressed KV entry
+    /// (`quant::fp8_kv_qdq`) and a Hadamard rotation then FP4 round trip of the lightning
+    /// indexer's query and keys (`hadamard::rotate`, `quant::fp4_qdq`). `wo_a`, the router,
+    /// the head and the compressor projections stay unquantized, as in the reference.
+    Official,
 }
 
 impl Numerics {
-    pub const ALL: [Numerics; 3] = [Numerics::Exact, Numerics::Fast, Numerics::Fp8Act];
+    pub const ALL: [Numerics; 4] = [
+        Numerics::Exact,
+        Numerics::Fast,
+        Numerics::Fp8Act,
+        Numerics::Official,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Numerics::Exact => "exact",
             Numerics::Fast => "fast",
             Numerics::Fp8Act => "fp8-act",
+            Numerics::Official => "official",
         }
+    }
+
+    /// Whether DeepSeek's reference steps beyond the activation round trip apply
+    /// (`Official`): the KV and indexer round trips, and each routed expert's weight applied
+    /// before its down projection (so the round trip sees the weighted activation).
+    pub fn official(self) -> bool {
+        self == Numerics::Official
     }
 
     pub fn from_name(s: &str) -> Option<Numerics> {
@@ -150,8 +175,10 @@ impl Numerics {
     }
 }
 
-/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, `Fp8Act`
-/// rounds x through FP8 before FP8 and FP4 matrices; every other case is `matmul`.
+/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, `Fp8Act` and
+/// `Official` round x through FP8 before FP8 and FP4 matrices (`linear` in DeepSeek's
+/// reference `inference/model.py`: `act_quant(x, 128, ...)` before `fp8_gemm`/`fp4_gemm`);
+/// every other case is `matmul`.
 pub fn matmul_in(
     numerics: Numerics,
     m: &MatRef,
@@ -167,7 +194,7 @@ pub fn matmul_in(
                 run_q8(active_tier(), m, rows.clone(), x, n, y)
             });
         }
-        (Numerics::Fp8Act, Weights::Fp8 { .. } | Weights::Fp4 { .. }) => {
+        (Numerics::Fp8Act | Numerics::Official, Weights::Fp8 { .. } | Weights::Fp4 { .. }) => {
             check_args(m, &rows, x, n, y);
             let mut xq = x.to_vec();
             quant::fp8_act_qdq(&mut xq, m.cols);
@@ -241,21 +268,35 @@ pub fn matmul_q8_tier(
 /// tier's kernels; a tier type exists only once detected (the tier must be available).
 macro_rules! with_kernel {
     ($tier:expr, $k:ident => $body:expr) => {{
-        #[cfg(target_arch = "x86_64")]
         match $tier {
+            #[cfg(target_arch = "x86_64")]
             Tier::Avx512 => {
                 if let Some($k) = x86::Avx512::detect() {
                     return $body;
                 }
             }
+            #[cfg(target_arch = "x86_64")]
             Tier::Avx2 => {
                 if let Some($k) = x86::Avx2::detect() {
                     return $body;
                 }
             }
-            Tier::Portable => {}
+            #[cfg(target_arch = "aarch64")]
+            Tier::NeonDot => {
+                if let Some($k) = aarch64::NeonDot::detect() {
+                    return $body;
+                }
+            }
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => {
+                if let Some($k) = aarch64::Neon::detect() {
+                    return $body;
+                }
+            }
+            // the portable tier, and (unreachable: callers check `available`) a tier of
+            // another architecture
+            _ => {}
         }
-        let _ = $tier;
         let $k = portable::Portable;
         $body
     }};
@@ -313,20 +354,41 @@ pub fn fma_probe(tier: Tier, iters: usize) -> Option<(f32, u64)> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {
     Portable,
+    /// x86_64: avx2 + fma + f16c.
     Avx2,
+    /// x86_64: avx512f/bw/vl + avx2 + fma + f16c.
     Avx512,
+    /// aarch64: NEON (every aarch64 CPU).
+    Neon,
+    /// aarch64: NEON + dotprod (`sdot` for the int8 path).
+    NeonDot,
 }
 
 impl Tier {
-    /// All tiers, best first.
-    pub const ALL: [Tier; 3] = [Tier::Avx512, Tier::Avx2, Tier::Portable];
+    /// All tiers of every architecture, best first within each.
+    pub const ALL: [Tier; 5] = [
+        Tier::Avx512,
+        Tier::Avx2,
+        Tier::NeonDot,
+        Tier::Neon,
+        Tier::Portable,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Tier::Portable => "portable",
             Tier::Avx2 => "avx2",
             Tier::Avx512 => "avx512",
+            Tier::Neon => "neon",
+            Tier::NeonDot => "neon-dotprod",
         }
+    }
+
+    /// The names, for messages ("portable|neon|...|avx512").
+    pub fn names() -> String {
+        let mut v: Vec<&str> = Tier::ALL.iter().map(|t| t.name()).collect();
+        v.reverse();
+        v.join("|")
     }
 
     pub fn from_name(s: &str) -> Option<Tier> {
@@ -341,7 +403,10 @@ impl Tier {
             Tier::Avx2 => x86::Avx2::detect().is_some(),
             #[cfg(target_arch = "x86_64")]
             Tier::Avx512 => x86::Avx512::detect().is_some(),
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => aarch64::Neon::detect().is_some(),
+            #[cfg(target_arch = "aarch64")]
+            Tier::NeonDot => aarch64::NeonDot::detect().is_some(),
             _ => false,
         }
     }
@@ -375,7 +440,8 @@ pub fn active_tier() -> Tier {
                 }
                 None => {
                     eprintln!(
-                        "v4flash: V4FLASH_KERNELS={s} is not one of portable|avx2|avx512, using {}",
+                        "v4flash: V4FLASH_KERNELS={s} is not one of {}, using {}",
+                        Tier::names(),
                         best.name()
                     );
                     best

@@ -3,8 +3,7 @@
 //! multiply + add, never `mul_add`: without a hardware FMA that is a libm call per element.
 //! FP8 / FP4 decode by table lookup; FP4 column groups are 32 wide ([16 even, 16 odd]).
 //!
-//! Future NEON intrinsics belong in a sibling `neon.rs` implementing `Simd` like the x86
-//! tiers do; this tier stays the scalar twin every tier is tested against.
+//! This tier is the scalar twin every tier (x86 and NEON) is tested against.
 
 use super::driver::RowsView;
 use super::generic::{simd_kernel, Simd};

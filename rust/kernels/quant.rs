@@ -1,5 +1,6 @@
-//! Activation quantization: int8 blocks for the fast FP4 products, and DeepSeek's FP8 E4M3
-//! activation round trip (`fp8_act_qdq`) for measuring what that step costs.
+//! Activation quantization: int8 blocks for the fast FP4 products, and the quantize-dequantize
+//! (QDQ) round trips DeepSeek's reference inference simulates: FP8 E4M3 activations
+//! (`fp8_act_qdq`), FP8 KV entries (`fp8_kv_qdq`) and FP4 E2M1 indexer vectors (`fp4_qdq`).
 //!
 //! ## Fast numerics: int8 activations for the FP4 expert products
 //!
@@ -87,15 +88,92 @@ pub(crate) fn fp8_act_scale(amax: f32) -> f32 {
 pub(crate) fn fp8_act_qdq(x: &mut [f32], cols: usize) {
     debug_assert!(cols > 0 && x.len() % cols == 0);
     for row in x.chunks_exact_mut(cols) {
-        for b in row.chunks_mut(FP8_ACT_BLOCK) {
+        row.chunks_mut(FP8_ACT_BLOCK).for_each(fp8_qdq_block);
+    }
+}
+
+/// One block's FP8 round trip with its own UE8M0 scale (non-finite blocks become NaN).
+fn fp8_qdq_block(b: &mut [f32]) {
+    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if !amax.is_finite() || b.iter().any(|v| v.is_nan()) {
+        b.fill(f32::NAN);
+        return;
+    }
+    let s = fp8_act_scale(amax);
+    for v in b.iter_mut() {
+        *v = e4m3_round(*v / s) * s;
+    }
+}
+
+/// DeepSeek's KV block (columns per scale) for the FP8 round trip of KV entries.
+pub(crate) const FP8_KV_BLOCK: usize = 64;
+
+/// The FP8 round trip official numerics applies to attention KV entries x [n, width], in
+/// place: the leading `width - rope_dim` (non-rope) dims of each row, in blocks of
+/// `FP8_KV_BLOCK` (the last one may be shorter), each with its own UE8M0 scale exactly as
+/// `fp8_act_qdq` (E4M3 ties to even after clamping to ±448, amax floored at 1e-4); the
+/// trailing rope dims stay f32. DeepSeek's reference inference does this to the window kv
+/// after `kv_norm` and rope (`Attention.forward`) and to each compressed entry after its
+/// norm and rope (`Compressor.forward`, non-rotating compressors): `act_quant(kv[..., :-rd],
+/// 64, scale_fmt, ..., inplace=True)` in deepseek-ai's `inference/model.py` (Hugging Face
+/// revision 60d8d70, mirrored in supermy/ds4rs `third/ds4/model.py`).
+pub(crate) fn fp8_kv_qdq(x: &mut [f32], width: usize, rope_dim: usize) {
+    debug_assert!(width > rope_dim && x.len() % width == 0);
+    for row in x.chunks_exact_mut(width) {
+        row[..width - rope_dim]
+            .chunks_mut(FP8_KV_BLOCK)
+            .for_each(fp8_qdq_block);
+    }
+}
+
+/// Largest E2M1 magnitude.
+pub(crate) const E2M1_MAX: f32 = 6.0;
+/// DeepSeek's FP4 block (columns per scale) for the indexer's query and keys.
+pub(crate) const FP4_BLOCK: usize = 32;
+
+/// `v` rounded to the nearest E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6), ties to even (the
+/// code with mantissa bit 0), after clamping to ±6. NaN stays NaN.
+pub(crate) fn e2m1_round(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let a = v.abs().min(E2M1_MAX);
+    // binades 2^0..2^2 have 1 mantissa bit (step 2^(e-1)); below 1 the subnormal step is
+    // 0.5. Within a binade the even codes are the even multiples of the step.
+    let e = ((a.to_bits() >> 23) & 0xff) as i32 - 127;
+    let step = f32::powi(2.0, e.max(0) - 1);
+    ((a / step).round_ties_even() * step).copysign(v)
+}
+
+/// The UE8M0 scale of an FP4 block with largest magnitude `amax`: 2^ceil(log2(amax · (1/6)))
+/// with amax floored at 6·2^-126 (so a zero block gets 2^-126 and stays zero), the product
+/// formed in f32 and its ceil(log2) read off the bits, as DeepSeek's `fp4_quant_kernel`
+/// does (`inference/kernel.py`, `fast_round_scale`; 2026-04-24 release in
+/// Mockingjay1316/deepseek-v4-flash-spark).
+pub(crate) fn fp4_scale(amax: f32) -> f32 {
+    let r = amax.max(E2M1_MAX * f32::powi(2.0, -126)) * (1.0 / E2M1_MAX);
+    let bits = r.to_bits();
+    let exp = ((bits >> 23) & 0xff) as i32 - 127;
+    let e = if bits & 0x7f_ffff != 0 { exp + 1 } else { exp };
+    f32::powi(2.0, e)
+}
+
+/// DeepSeek's FP4 round trip on x [n, cols], in place: each row's blocks of `FP4_BLOCK`
+/// columns (the last one may be shorter) are divided by their `fp4_scale`, rounded to E2M1
+/// (clamped to ±6) and multiplied back (`fp4_act_quant(x, 32, inplace=True)` in the
+/// reference). A block with a NaN or an infinity becomes NaN.
+pub(crate) fn fp4_qdq(x: &mut [f32], cols: usize) {
+    debug_assert!(cols > 0 && x.len() % cols == 0);
+    for row in x.chunks_exact_mut(cols) {
+        for b in row.chunks_mut(FP4_BLOCK) {
             let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
             if !amax.is_finite() || b.iter().any(|v| v.is_nan()) {
                 b.fill(f32::NAN);
                 continue;
             }
-            let s = fp8_act_scale(amax);
+            let s = fp4_scale(amax);
             for v in b.iter_mut() {
-                *v = e4m3_round(*v / s) * s;
+                *v = e2m1_round(*v / s) * s;
             }
         }
     }
@@ -236,5 +314,146 @@ mod tests {
         fp8_act_qdq(&mut w, 256);
         assert!(w[..128].iter().all(|&v| v == 1.0));
         assert!(w[128..].iter().all(|v| v.is_nan()));
+    }
+    /// Every E2M1 value with its code, from the checkpoint decoder (an independent definition).
+    fn e2m1_values() -> Vec<(f32, u8)> {
+        (0u8..16).map(|b| (E2M1_LUT[b as usize], b)).collect()
+    }
+
+    /// Nearest E2M1 by search; ties go to the even code (mantissa bit 0).
+    fn e2m1_nearest(v: f32) -> f32 {
+        let c = v.clamp(-6.0, 6.0) as f64;
+        let mut best = (f64::INFINITY, 0f32, 0u8);
+        for (w, b) in e2m1_values() {
+            let d = (w as f64 - c).abs();
+            if d < best.0 || (d == best.0 && b & 1 == 0 && best.2 & 1 == 1) {
+                best = (d, w, b);
+            }
+        }
+        if best.1 == 0.0 {
+            0f32.copysign(v)
+        } else {
+            best.1
+        }
+    }
+
+    #[test]
+    fn e2m1_round_matches_a_search_over_every_value_and_every_tie() {
+        let mut vals: Vec<f32> = e2m1_values().iter().map(|p| p.0).collect();
+        vals.sort_by(f32::total_cmp);
+        vals.dedup();
+        let mut probes = vec![0.0f32, -0.0, 1e-30, 6.0, 6.5, 7.0, 1e9, -1e9];
+        for w in vals.windows(2) {
+            let m = (w[0] + w[1]) / 2.0;
+            probes.extend([w[0], w[1], m, m.next_up(), m.next_down()]);
+        }
+        for v in probes {
+            let got = e2m1_round(v);
+            let want = e2m1_nearest(v);
+            assert!(
+                got.to_bits() == want.to_bits(),
+                "e2m1_round({v:e}) = {got:e}, nearest is {want:e}"
+            );
+        }
+        // the ties explicitly: each goes to the value with the even code
+        for (v, want) in [
+            (0.25, 0.0),
+            (0.75, 1.0),
+            (1.25, 1.0),
+            (1.75, 2.0),
+            (2.5, 2.0),
+            (3.5, 4.0),
+            (5.0, 4.0),
+        ] {
+            assert_eq!(e2m1_round(v), want, "tie {v}");
+            assert_eq!(e2m1_round(-v), -want, "tie -{v}");
+        }
+        assert!(e2m1_round(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn fp4_scale_is_the_smallest_power_of_two_within_6_with_deepseeks_floor() {
+        for amax in [1e-30f32, 1e-3, 0.3, 1.0, 5.9, 6.0, 6.01, 12.0, 13.0, 1e5] {
+            let s = fp4_scale(amax);
+            let r = amax.max(6.0 * 2f32.powi(-126)) * (1.0f32 / 6.0);
+            assert_eq!(s.log2().fract(), 0.0, "power of two for {amax}");
+            assert!(s >= r && s / 2.0 < r, "amax {amax}: scale {s}");
+        }
+        assert_eq!(fp4_scale(6.0), 1.0);
+        assert_eq!(fp4_scale(3.0), 0.5);
+        assert_eq!(fp4_scale(6.000001), 2.0);
+        // a zero block: the floor 6·2^-126 gives 2^-126
+        assert_eq!(fp4_scale(0.0), 2f32.powi(-126));
+    }
+
+    #[test]
+    fn fp4_qdq_rounds_each_32_block_with_its_own_scale() {
+        // 2 rows of 80 columns: blocks 32, 32 and a partial 16, scales far apart
+        let cols = 80;
+        let x: Vec<f32> = (0..2 * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * if i % cols < 32 { 1e-3 } else { 0.37 })
+            .collect();
+        let mut y = x.clone();
+        fp4_qdq(&mut y, cols);
+        for r in 0..2 {
+            for (b0, b1) in [(0, 32), (32, 64), (64, 80)] {
+                let blk = &x[r * cols + b0..r * cols + b1];
+                let s = fp4_scale(blk.iter().fold(0f32, |m, v| m.max(v.abs())));
+                for c in b0..b1 {
+                    let v = x[r * cols + c];
+                    assert_eq!(y[r * cols + c], e2m1_nearest(v / s) * s, "row {r} col {c}");
+                }
+            }
+        }
+        // the block's largest magnitude lands in (3, 6]: the scale uses the whole FP4 range
+        let amax = y[..32].iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = fp4_scale(x[..32].iter().fold(0f32, |m, v| m.max(v.abs())));
+        assert!(amax / s > 3.0 && amax / s <= 6.0);
+        let mut z = vec![0f32; 64];
+        fp4_qdq(&mut z, 64);
+        assert!(z.iter().all(|&v| v == 0.0));
+        let mut w = vec![1f32; 64];
+        w[40] = f32::NEG_INFINITY;
+        fp4_qdq(&mut w, 64);
+        assert!(w[..32].iter().all(|&v| v == 1.0));
+        assert!(w[32..].iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
+    fn fp8_kv_qdq_rounds_only_the_non_rope_dims_in_blocks_of_64() {
+        // width 512 with 64 rope dims (the real model): 7 blocks of 64 then 64 untouched;
+        // width 128 with 32 rope dims (the fixtures): one block of 64, one of 32
+        for (width, rope) in [(512usize, 64usize), (128, 32)] {
+            let x: Vec<f32> = (0..2 * width)
+                .map(|i| {
+                    ((i * 7919 % 1013) as f32 - 506.0)
+                        * if i % 64 < 8 { 1e-2 } else { 3.3e-3 }
+                        * (1 + i % 3) as f32
+                })
+                .collect();
+            let mut y = x.clone();
+            fp8_kv_qdq(&mut y, width, rope);
+            let nope = width - rope;
+            for r in 0..2 {
+                let row = &x[r * width..(r + 1) * width];
+                for b0 in (0..nope).step_by(64) {
+                    let b1 = (b0 + 64).min(nope);
+                    let s = fp8_act_scale(row[b0..b1].iter().fold(0f32, |m, v| m.max(v.abs())));
+                    for c in b0..b1 {
+                        assert_eq!(
+                            y[r * width + c],
+                            e4m3_nearest(row[c] / s) * s,
+                            "w {width} row {r} col {c}"
+                        );
+                    }
+                }
+                assert_eq!(
+                    &y[r * width + nope..(r + 1) * width],
+                    &row[nope..],
+                    "rope dims untouched"
+                );
+            }
+            assert_ne!(x, y);
+        }
     }
 }

@@ -155,7 +155,12 @@ pub(super) fn tiers() -> Vec<Tier> {
         if t.available() {
             v.push(t);
         } else {
-            println!("SKIP kernel tier {}: this CPU lacks it", t.name());
+            let why = match t {
+                Tier::Avx2 | Tier::Avx512 if !cfg!(target_arch = "x86_64") => "an x86_64 tier",
+                Tier::Neon | Tier::NeonDot if !cfg!(target_arch = "aarch64") => "an aarch64 tier",
+                _ => "this CPU lacks it",
+            };
+            println!("SKIP kernel tier {}: {why}", t.name());
         }
     }
     v
@@ -437,6 +442,21 @@ fn kernels_tier_selection() {
         _ => assert_eq!(active, Tier::best()),
     }
     println!("active kernel tier: {}", active.name());
+    // CI runs the suite on several CPUs (qemu models) and says which tier each must pick
+    if let Ok(want) = std::env::var("V4FLASH_EXPECT_BEST_TIER") {
+        assert_eq!(
+            Tier::best().name(),
+            want,
+            "run-time detection picked another tier"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    assert!(Tier::Neon.available(), "NEON is part of every aarch64 CPU");
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(
+        Tier::NeonDot.available(),
+        std::arch::is_aarch64_feature_detected!("dotprod")
+    );
 }
 
 #[test]
@@ -495,6 +515,9 @@ fn kernels_golden_outputs() {
     let want = [
         (Tier::Avx512, 0x9cfc_797a_ea5c_81ec),
         (Tier::Avx2, 0x02e0_1f0e_dda2_2755),
+        // 8 fused lanes, the same layout and lane sum as AVX2: the same bits
+        (Tier::NeonDot, 0x02e0_1f0e_dda2_2755),
+        (Tier::Neon, 0x02e0_1f0e_dda2_2755),
         (Tier::Portable, 0x41c8_960d_aa14_df4c),
     ];
     let mut bad = Vec::new();

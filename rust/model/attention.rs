@@ -3,11 +3,11 @@
 //! CSA: the lightning indexer's top-k of them), per-head sinks, output de-rotation and the
 //! grouped output projection.
 
-use super::compressor::{CompState, CompressorWeights};
+use super::compressor::{CompState, CompressorWeights, EntryQdq};
 use super::rope::Rope;
 use super::weights::Linear;
 use crate::config::{LayerKind, ModelConfig};
-use crate::kernels::{self, ops, Numerics};
+use crate::kernels::{self, hadamard, ops, quant, Numerics};
 use rayon::prelude::*;
 
 pub struct IndexerWeights {
@@ -54,8 +54,12 @@ pub struct Ctx<'a> {
     pub rope_main: &'a Rope,
     pub rope_comp: &'a Rope,
     /// How the FP8 projections meet their inputs (`wo_a` always runs exact: DeepSeek's
-    /// reference computes it in BF16, without activation quantization).
+    /// reference computes it in BF16, without activation quantization), and whether the KV
+    /// entries and the indexer's vectors are round-tripped (`Numerics::official`).
     pub numerics: Numerics,
+    /// If set, each token's indexer selection (ascending entry indices) is appended here
+    /// (CSA layers only; for tests and measurements, `Model::layer_probe`).
+    pub sel_trace: Option<&'a std::sync::Mutex<Vec<Vec<usize>>>>,
 }
 
 impl AttnWeights {
@@ -96,6 +100,11 @@ impl AttnWeights {
             ops::rms_norm(k, &self.kv_norm, eps);
             rope.apply(k, d, pos0 + t, 1.0);
         }
+        // official: the non-rope dims of the window kv through FP8, after norm and rope
+        // (DeepSeek's reference `Attention.forward`, revision 60d8d70)
+        if cx.numerics.official() {
+            quant::fp8_kv_qdq(&mut kv, d, c.rope_dim);
+        }
         let prev = st.window.len() / d;
         let mut keys = std::mem::take(&mut st.window);
         keys.extend_from_slice(&kv); // [prev + n, D], positions pos0-prev ..
@@ -103,12 +112,24 @@ impl AttnWeights {
 
         // compressed entries (emitted for every window closed by these tokens)
         if let Some(cw) = &self.comp {
-            cw.push(&mut st.comp, x, n, cx.rope_comp, eps);
+            let qdq = if cx.numerics.official() {
+                EntryQdq::Fp8 {
+                    rope_dim: c.rope_dim,
+                }
+            } else {
+                EntryQdq::None
+            };
+            cw.push(&mut st.comp, x, n, cx.rope_comp, eps, qdq);
         }
         let sel = match &self.indexer {
             Some(ix) => Some(self.index_select(cx, ix, &mut st.idx, x, &qr, n, pos0)),
             None => None,
         };
+        if let (Some(tr), Some(sel)) = (cx.sel_trace, &sel) {
+            if let Ok(mut tr) = tr.lock() {
+                tr.extend(sel.iter().cloned());
+            }
+        }
         let entries = &st.comp.entries;
         let n_entries = entries.len() / d;
         let ratio = self.kind.ratio();
@@ -184,10 +205,22 @@ impl AttnWeights {
     ) -> Vec<Vec<usize>> {
         let c = cx.cfg;
         let (ih, id) = (c.index_n_heads, c.index_head_dim);
-        ix.comp.push(st, x, n, cx.rope_comp, c.rms_norm_eps);
+        let official = cx.numerics.official();
+        let qdq = if official {
+            EntryQdq::RotateFp4
+        } else {
+            EntryQdq::None
+        };
+        ix.comp.push(st, x, n, cx.rope_comp, c.rms_norm_eps, qdq);
         let mut qi = ix.wq_b.forward_in(cx.numerics, qr, n); // [n, IH·ID]
         for (t, qt) in qi.chunks_exact_mut(ih * id).enumerate() {
             cx.rope_comp.apply(qt, id, pos0 + t, 1.0);
+        }
+        // official: each head's query rotated then through FP4, after its rope, as the keys
+        // (DeepSeek's reference `Indexer.forward`, revision 60d8d70)
+        if official {
+            hadamard::rotate(&mut qi, id);
+            quant::fp4_qdq(&mut qi, id);
         }
         let wts = ix.weights_proj.forward(x, n); // [n, IH]
         let n_entries = st.entries.len() / id;

@@ -9,7 +9,18 @@
 //! Cb of window w (slots ratio..2·ratio). The first window has no predecessor: zero weight.
 
 use super::rope::Rope;
-use crate::kernels::ops;
+use crate::kernels::{hadamard, ops, quant};
+
+/// What official numerics does to an entry after its norm and rope (DeepSeek's reference
+/// `Compressor.forward` in `inference/model.py`, revision 60d8d70): nothing in the other
+/// modes; the FP8 round trip of the non-rope dims for the attention's compressors; the
+/// Hadamard rotation then FP4 round trip of the whole entry for the indexer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryQdq {
+    None,
+    Fp8 { rope_dim: usize },
+    RotateFp4,
+}
 
 /// Parameters of one compressor.
 pub struct CompressorWeights {
@@ -54,8 +65,17 @@ impl CompressorWeights {
         }
     }
 
-    /// Feeds n tokens (normed hidden states x [n, H]); emits every window that closes.
-    pub fn push(&self, st: &mut CompState, x: &[f32], n: usize, rope: &Rope, eps: f32) {
+    /// Feeds n tokens (normed hidden states x [n, H]); emits every window that closes, each
+    /// entry finished by `qdq`.
+    pub fn push(
+        &self,
+        st: &mut CompState,
+        x: &[f32],
+        n: usize,
+        rope: &Rope,
+        eps: f32,
+        qdq: EntryQdq,
+    ) {
         let kv = self.wkv.forward(x, n); // [n, c·d]
         let gate = self.wgate.forward(x, n); // [n, c·d]
         let w = self.width();
@@ -63,14 +83,14 @@ impl CompressorWeights {
             st.pend_kv.extend_from_slice(&kv[t * w..(t + 1) * w]);
             st.pend_gate.extend_from_slice(&gate[t * w..(t + 1) * w]);
             if st.pend_kv.len() == self.ratio * w {
-                self.emit(st, rope, eps);
+                self.emit(st, rope, eps, qdq);
                 st.pend_kv.clear();
                 st.pend_gate.clear();
             }
         }
     }
 
-    fn emit(&self, st: &mut CompState, rope: &Rope, eps: f32) {
+    fn emit(&self, st: &mut CompState, rope: &Rope, eps: f32, qdq: EntryQdq) {
         let (m, d, w) = (self.ratio, self.dim, self.width());
         let idx = st.n_entries(d);
         let mut pooled = vec![0f32; d];
@@ -115,6 +135,14 @@ impl CompressorWeights {
         }
         ops::rms_norm(&mut pooled, &self.norm, eps);
         rope.apply(&mut pooled, d, idx * m, 1.0);
+        match qdq {
+            EntryQdq::None => {}
+            EntryQdq::Fp8 { rope_dim } => quant::fp8_kv_qdq(&mut pooled, d, rope_dim),
+            EntryQdq::RotateFp4 => {
+                hadamard::rotate(&mut pooled, d);
+                quant::fp4_qdq(&mut pooled, d);
+            }
+        }
         st.entries.extend_from_slice(&pooled);
     }
 }

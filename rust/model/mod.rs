@@ -6,6 +6,7 @@ pub mod attention;
 pub mod compressor;
 pub mod generate;
 pub mod hc;
+pub mod layer_probe;
 pub mod moe;
 pub mod rope;
 pub mod sample;
@@ -28,7 +29,7 @@ use rope::Rope;
 use session::State;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use weights::{Linear, Loader};
 
@@ -326,7 +327,7 @@ impl Model {
         report: &(dyn Fn(u64) + Sync),
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;
-        let (h, hcm, n) = (c.hidden_size, c.hc_mult, ids.len());
+        let n = ids.len();
         let pos0 = st.pos();
         if pos0 + n > self.ctx {
             return Err(Error::arg(format!(
@@ -335,22 +336,8 @@ impl Model {
                 self.ctx
             )));
         }
-        // streams X: [n, hc, H]
-        let mut x = vec![0f32; n * hcm * h];
-        let emb = self.embed.mat();
-        for (t, &id) in ids.iter().enumerate() {
-            let row = embed_row(&emb, id as usize, h)?;
-            for j in 0..hcm {
-                x[(t * hcm + j) * h..(t * hcm + j + 1) * h].copy_from_slice(&row);
-            }
-        }
-        let pool = &self.pool;
-        let cx = Ctx {
-            cfg: c,
-            rope_main: &self.rope_main,
-            rope_comp: &self.rope_comp,
-            numerics: self.numerics,
-        };
+        let mut x = self.embed_streams(ids)?; // [n, hc, H]
+        let cx = self.ctx(None);
         // The hash layers' experts are known from the token ids: start reading them now.
         self.experts.next_token(n as u64);
         for l in 0..c.num_hash_layers.min(c.num_layers) {
@@ -359,41 +346,8 @@ impl Model {
                 self.experts.prefetch(l, &es[..es.len().min(cap)]);
             }
         }
-        let chunk = self.plan.prefill_chunk.max(1);
-        let stream = hcm * h;
-        for (l, layer) in self.layers.iter().enumerate() {
-            // attention block, chunk by chunk: X' = post ⊗ attn(norm(pre · X)) + combᵀ · X;
-            // then the MoE block's input side for the same tokens
-            let lst = &mut st.layers[l];
-            let mut ffn_mixes = Vec::with_capacity(n);
-            let mut ffn_in = vec![0f32; n * h]; // [n, H]
-            for a in (0..n).step_by(chunk) {
-                if cancel() {
-                    return Err(Error::Cancelled);
-                }
-                let b = (a + chunk).min(n);
-                let xs = &mut x[a * stream..b * stream];
-                let (mixes, xin) = pool.install(|| {
-                    let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, xs, b - a);
-                    let t0 = Instant::now();
-                    let o = layer.attn.forward(&cx, lst, &xin, b - a, pos0 + a);
-                    self.counters
-                        .attn_ns
-                        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    hc_out(xs, &o, &mixes, hcm);
-                    self.hc_in(&layer.hc_ffn, &layer.ffn_norm, xs, b - a)
-                });
-                ffn_in[a * h..b * h].copy_from_slice(&xin);
-                ffn_mixes.extend(mixes);
-            }
-            let t0 = Instant::now();
-            let f = layer
-                .moe
-                .forward(c, l, &self.experts, pool, self.numerics, &ffn_in, ids, n)?;
-            self.counters
-                .moe_ns
-                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            hc_out(&mut x, &f, &ffn_mixes, hcm);
+        for l in 0..self.layers.len() {
+            self.run_layer(&cx, l, &mut st.layers[l], &mut x, ids, pos0, cancel)?;
             report(n as u64);
             if cancel() {
                 return Err(Error::Cancelled);
@@ -405,6 +359,13 @@ impl Model {
             Want::Last => vec![n - 1],
             Want::All => (0..n).collect(),
         };
+        Ok(self.head_logits(&x, &rows))
+    }
+
+    /// The logits [rows.len(), V] of the given tokens' final streams (x: [n, hc, H]).
+    fn head_logits(&self, x: &[f32], rows: &[usize]) -> Vec<f32> {
+        let c = &self.cfg;
+        let (h, hcm) = (c.hidden_size, c.hc_mult);
         let mut hs = vec![0f32; rows.len() * h];
         for (i, &t) in rows.iter().enumerate() {
             let mut v = hc::head_collapse(
@@ -420,15 +381,94 @@ impl Model {
             hs[i * h..(i + 1) * h].copy_from_slice(&v);
         }
         let t0 = Instant::now();
-        let logits = pool.install(|| self.head.forward(&hs, rows.len()));
+        let logits = self.pool.install(|| self.head.forward(&hs, rows.len()));
         self.counters
             .head_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(logits)
+        logits
     }
 }
 
 impl Model {
+    /// The attention context of a forward pass; `sel_trace` collects the indexer's
+    /// selections (tests and measurements only, `layer_probe`).
+    fn ctx<'a>(&'a self, sel_trace: Option<&'a Mutex<Vec<Vec<usize>>>>) -> Ctx<'a> {
+        Ctx {
+            cfg: &self.cfg,
+            rope_main: &self.rope_main,
+            rope_comp: &self.rope_comp,
+            numerics: self.numerics,
+            sel_trace,
+        }
+    }
+
+    /// Layer `l` over n tokens at positions pos0.. with streams x [n, hc, H], in place:
+    /// its attention chunk by chunk (X' = post ⊗ attn(norm(pre · X)) + combᵀ · X, each
+    /// chunk advancing `lst`), with the MoE block's input side for the same tokens, then its
+    /// MoE over all n tokens at once.
+    #[allow(clippy::too_many_arguments)]
+    fn run_layer(
+        &self,
+        cx: &Ctx,
+        l: usize,
+        lst: &mut attention::AttnState,
+        x: &mut [f32],
+        ids: &[u32],
+        pos0: usize,
+        cancel: &(dyn Fn() -> bool + Sync),
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (h, hcm, n) = (c.hidden_size, c.hc_mult, ids.len());
+        let layer = &self.layers[l];
+        let pool = &self.pool;
+        let chunk = self.plan.prefill_chunk.max(1);
+        let stream = hcm * h;
+        let mut ffn_mixes = Vec::with_capacity(n);
+        let mut ffn_in = vec![0f32; n * h]; // [n, H]
+        for a in (0..n).step_by(chunk) {
+            if cancel() {
+                return Err(Error::Cancelled);
+            }
+            let b = (a + chunk).min(n);
+            let xs = &mut x[a * stream..b * stream];
+            let (mixes, xin) = pool.install(|| {
+                let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, xs, b - a);
+                let t0 = Instant::now();
+                let o = layer.attn.forward(cx, lst, &xin, b - a, pos0 + a);
+                self.counters
+                    .attn_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                hc_out(xs, &o, &mixes, hcm);
+                self.hc_in(&layer.hc_ffn, &layer.ffn_norm, xs, b - a)
+            });
+            ffn_in[a * h..b * h].copy_from_slice(&xin);
+            ffn_mixes.extend(mixes);
+        }
+        let t0 = Instant::now();
+        let f = layer
+            .moe
+            .forward(c, l, &self.experts, pool, self.numerics, &ffn_in, ids, n)?;
+        self.counters
+            .moe_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        hc_out(x, &f, &ffn_mixes, hcm);
+        Ok(())
+    }
+
+    /// The first layer's input streams [n, hc, H]: each id's embedding in every stream.
+    fn embed_streams(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let (h, hcm) = (self.cfg.hidden_size, self.cfg.hc_mult);
+        let mut x = vec![0f32; ids.len() * hcm * h];
+        let emb = self.embed.mat();
+        for (t, &id) in ids.iter().enumerate() {
+            let row = embed_row(&emb, id as usize, h)?;
+            for j in 0..hcm {
+                x[(t * hcm + j) * h..(t * hcm + j + 1) * h].copy_from_slice(&row);
+            }
+        }
+        Ok(x)
+    }
+
     /// One hyper-connection's input side for n tokens: the mixes of x [n, hc, H] and the
     /// collapsed, RMS-normed block input [n, H].
     fn hc_in(
@@ -597,3 +637,6 @@ impl Default for LoadOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests_fixtures;

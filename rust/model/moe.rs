@@ -134,6 +134,11 @@ impl MoeWeights {
             }
         }
         let distinct: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
+        // official: each expert's routing weight multiplies its activation before the down
+        // projection, whose input is then round-tripped (DeepSeek's reference
+        // `Expert.forward`, `inference/model.py` revision 60d8d70); the other modes weight
+        // the output, as transformers does
+        let pre_weight = numerics.official();
         // one wave's outputs at a time: each wave is added in once it is complete, so the
         // memory is bounded by a wave, not by the whole batch
         let mut outs: Vec<Vec<f32>> = vec![Vec::new(); ne];
@@ -160,13 +165,26 @@ impl MoeWeights {
                     let mut g = mm(&ex.w1(), &xe, m, numerics);
                     let u = mm(&ex.w3(), &xe, m, numerics);
                     swiglu(&mut g, &u, c.swiglu_limit);
+                    if pre_weight {
+                        for (gj, &(_, w)) in g.chunks_exact_mut(ex.w1().rows).zip(us) {
+                            gj.iter_mut().for_each(|v| *v *= w);
+                        }
+                    }
                     mm(&ex.w2(), &g, m, numerics) // [m, H]
                 });
             }
             drop(pins);
             // waves are in ascending expert order, and so is each wave: every token's sum
             // runs over its experts in ascending order whatever the waves and arrival order
-            accumulate(h, wave, &users, &mut outs, &mut routed, &mut started);
+            accumulate(
+                h,
+                wave,
+                &users,
+                &mut outs,
+                &mut routed,
+                &mut started,
+                pre_weight,
+            );
         }
         let shared = match shared {
             Some(s) => s,
@@ -187,8 +205,9 @@ impl MoeWeights {
     }
 }
 
-/// Adds the outputs of `experts` (ascending) into `routed` [n, H], weighted, and frees them:
-/// a token's first expert sets its row, each later one adds to it.
+/// Adds the outputs of `experts` (ascending) into `routed` [n, H], weighted (unless the
+/// outputs are `pre_weighted`), and frees them: a token's first expert sets its row, each
+/// later one adds to it.
 fn accumulate(
     h: usize,
     experts: &[usize],
@@ -196,10 +215,12 @@ fn accumulate(
     outs: &mut [Vec<f32>],
     routed: &mut [f32],
     started: &mut [bool],
+    pre_weighted: bool,
 ) {
     for &e in experts {
         let out = std::mem::take(&mut outs[e]);
         for (i, &(t, w)) in users[e].iter().enumerate() {
+            let w = if pre_weighted { 1.0 } else { w };
             let dst = &mut routed[t * h..(t + 1) * h];
             let src = &out[i * h..(i + 1) * h];
             if started[t] {

@@ -73,7 +73,8 @@ pub(crate) enum SlotState {
     Ready,
     Failed(Failure),
     /// The kernel may still write into this slot (an io_uring read that could not be
-    /// cancelled and reaped): it is never handed out again.
+    /// cancelled and reaped): it is never handed out again. Only the io_uring engine
+    /// (Linux) puts a slot in this state.
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     Quarantined,
 }
@@ -113,9 +114,8 @@ pub(crate) struct Shared {
     /// The read engine that runs now ("io_uring", "pread-pool", or "pread-pool (io_uring
     /// failed: …)" after a ring failure).
     pub engine: Mutex<String>,
-    /// Test hook: make the next N io_uring waits fail as if the ring broke.
-    #[cfg(test)]
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    /// Test hook: make the next N io_uring waits fail as if the ring broke (Linux only).
+    #[cfg(all(test, target_os = "linux"))]
     pub fail_submits: std::sync::atomic::AtomicU32,
 }
 
@@ -157,7 +157,7 @@ impl Shared {
             n_experts,
             policy,
             engine: Mutex::new(String::new()),
-            #[cfg(test)]
+            #[cfg(all(test, target_os = "linux"))]
             fail_submits: std::sync::atomic::AtomicU32::new(0),
         }
     }
@@ -408,7 +408,7 @@ impl Shared {
 
     /// Fails a job whose reads may still be written by the kernel: its slot is never used
     /// again (waiters get the error, then the slot stays out of service).
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    #[cfg(target_os = "linux")]
     pub fn quarantine(&self, job: &Job, why: &str) {
         let mut g = self.lock();
         if let Some(k) = g.slots[job.slot].key.take() {
