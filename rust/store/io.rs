@@ -3,7 +3,9 @@
 //! shards are opened for direct I/O (Linux O_DIRECT with 4 KiB-aligned offsets, lengths and
 //! buffers; macOS F_NOCACHE), so streaming experts does not churn the page cache; a file
 //! system that refuses direct I/O (tmpfs, some network file systems) falls back to buffered
-//! reads, once, with a visible note. `IoMode::Buffered` forces the portable path everywhere.
+//! reads, once, with a visible note. On Windows the direct handle is opened with
+//! `FILE_FLAG_NO_BUFFERING` and read with overlapped requests (`win`, which says why).
+//! `IoMode::Buffered` forces the portable path everywhere.
 
 use crate::checkpoint::read_exact_at;
 use crate::error::{Error, Result};
@@ -104,8 +106,8 @@ impl ShardFile {
                 let env = (delta + len).div_ceil(a as usize) * a as usize;
                 match read_direct(f, &mut buf[..env], start, delta + len) {
                     Ok(()) => return Ok(()),
-                    Err(e) if e.raw_os_error() == Some(22) => {
-                        // EINVAL: this file system refuses direct I/O after all.
+                    Err(e) if e.raw_os_error() == Some(REFUSED) => {
+                        // this file system refuses direct I/O after all
                         if self.direct_ok.swap(false, Ordering::Relaxed) {
                             eprintln!(
                                 "v4flash: direct I/O refused on {} ({e}); using buffered reads",
@@ -136,7 +138,7 @@ impl ShardFile {
 fn read_direct(f: &File, buf: &mut [u8], start: u64, need: usize) -> std::io::Result<()> {
     let mut done = 0usize;
     while done < need {
-        match pread(f, &mut buf[done..], start + done as u64) {
+        match read_direct_once(f, &mut buf[done..], start + done as u64) {
             Ok(0) => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
@@ -166,20 +168,29 @@ fn read_direct(f: &File, buf: &mut [u8], start: u64, need: usize) -> std::io::Re
     Ok(())
 }
 
+/// The OS error a file system refuses a direct read with (EINVAL, ERROR_INVALID_PARAMETER).
 #[cfg(unix)]
-fn pread(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+const REFUSED: i32 = libc::EINVAL;
+#[cfg(windows)]
+use super::win::REFUSED;
+#[cfg(not(any(unix, windows)))]
+const REFUSED: i32 = 22;
+
+/// One positional read on the direct handle (the caller retries EINTR and continues short
+/// reads).
+#[cfg(unix)]
+fn read_direct_once(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
     f.read_at(buf, off)
 }
 
 #[cfg(windows)]
-fn pread(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
-    use std::os::windows::fs::FileExt;
-    f.seek_read(buf, off)
+fn read_direct_once(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    super::win::read_unbuffered(f, buf, off)
 }
 
 #[cfg(not(any(unix, windows)))]
-fn pread(_f: &File, _buf: &mut [u8], _off: u64) -> std::io::Result<usize> {
+fn read_direct_once(_f: &File, _buf: &mut [u8], _off: u64) -> std::io::Result<usize> {
     Err(std::io::Error::new(
         std::io::ErrorKind::Unsupported,
         "positional reads",
@@ -208,7 +219,12 @@ fn open_direct(path: &Path) -> Option<File> {
     Some(f)
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+#[cfg(windows)]
+fn open_direct(path: &Path) -> Option<File> {
+    super::win::open_unbuffered(path)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
 fn open_direct(_path: &Path) -> Option<File> {
     None
 }

@@ -12,8 +12,8 @@
 //! Module map: `layout` (where experts are, how they land in a slot), `region` (the slots'
 //! memory and its pre-fault), `slots` (the slot state machine and the admission of callers,
 //! with the argument why it cannot deadlock), `worker` (pread engine, scale check), `uring`
-//! (io_uring engine), `mmap` (mmap backend), `io` (shard handles, direct I/O), `policy`
-//! (eviction).
+//! (io_uring engine), `mmap` (mmap backend), `io` (shard handles, direct I/O), `win`
+//! (Windows unbuffered reads), `policy` (eviction).
 
 pub mod io;
 pub mod layout;
@@ -25,6 +25,8 @@ mod slots;
 mod tests;
 #[cfg(target_os = "linux")]
 mod uring;
+#[cfg(windows)]
+mod win;
 mod worker;
 
 use crate::checkpoint::Checkpoint;

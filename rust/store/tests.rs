@@ -262,3 +262,46 @@ fn signals_to_the_ring_thread_are_retried_not_taken_for_a_failure() {
         assert_eq!(st.engine(), "io_uring");
     });
 }
+
+/// Copies the fixture's files into `dir` (created, with its parents).
+fn copy_fixture(name: &str, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in std::fs::read_dir(fixture(name)).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn checkpoints_at_non_ascii_and_over_260_character_paths_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let non_ascii = tmp.path().join("модель-模型-ÿ");
+    // over Windows' MAX_PATH (260) in total, each part within the 255 a file system allows
+    let long = tmp
+        .path()
+        .join("a".repeat(120))
+        .join("b".repeat(120))
+        .join("ä-c".repeat(30));
+    assert!(long.as_os_str().len() > 300, "{}", long.display());
+    for dir in [&non_ascii, &long] {
+        copy_fixture("tiny-a", dir);
+        let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let ck = Arc::new(Checkpoint::open(dir).unwrap());
+        for io in [IoMode::Direct, IoMode::Buffered, IoMode::Mmap] {
+            let opts = StoreOptions {
+                slots: 4,
+                io,
+                policy: Policy::default(),
+                io_threads: 2,
+                prefault: false,
+            };
+            let st = ExpertStore::open(ck.clone(), &cfg, &opts).unwrap();
+            // Windows opens unbuffered handles on any local file system (Linux's O_DIRECT
+            // is refused by tmpfs, so there it is not asserted)
+            #[cfg(windows)]
+            assert_eq!(st.direct_io(), io == IoMode::Direct, "{io:?}");
+            load_and_check(&st, &ck, 0, &[3, 5, 7, 9]);
+            load_and_check(&st, &ck, 4, &[0, 1, 2, 15]);
+        }
+    }
+}

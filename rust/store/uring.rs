@@ -102,10 +102,11 @@ pub(crate) fn uring_worker(
         match en.wait() {
             Ok(()) => en.reap(),
             Err(e) => {
-                en.abandon(&e);
-                // become a pread worker, with company: the engine the store reports is the
-                // one that runs from now on
+                // the engine the store reports is the one that runs from now on: named before
+                // `abandon` finishes the reaped jobs, so a caller woken by them sees it
                 sh.set_engine(format!("pread-pool (io_uring failed: {e})"));
+                en.abandon(&e);
+                // become a pread worker, with company
                 for w in 1..io_threads.max(1) {
                     let (sh2, rx2) = (sh.clone(), rx.clone());
                     let _ = std::thread::Builder::new()
