@@ -232,11 +232,12 @@ mod tests {
             .collect()
     }
 
-    /// Nearest E4M3 by search; ties go to the even code (mantissa LSB 0).
-    fn e4m3_nearest(v: f32) -> f32 {
-        let c = v.clamp(-448.0, 448.0) as f64;
+    /// Nearest of `values` (value, code) to `v` clamped to ±`max`, by search; ties go to the
+    /// even code (mantissa LSB 0); a zero keeps `v`'s sign.
+    fn nearest_by_search(v: f32, max: f32, values: &[(f32, u8)]) -> f32 {
+        let c = v.clamp(-max, max) as f64;
         let mut best = (f64::INFINITY, 0f32, 0u8);
-        for (w, b) in e4m3_values() {
+        for &(w, b) in values {
             let d = (w as f64 - c).abs();
             if d < best.0 || (d == best.0 && b & 1 == 0 && best.2 & 1 == 1) {
                 best = (d, w, b);
@@ -247,6 +248,11 @@ mod tests {
         } else {
             best.1
         }
+    }
+
+    /// Nearest E4M3 by search; ties go to the even code (mantissa LSB 0).
+    fn e4m3_nearest(v: f32) -> f32 {
+        nearest_by_search(v, 448.0, &e4m3_values())
     }
 
     #[test]
@@ -322,19 +328,7 @@ mod tests {
 
     /// Nearest E2M1 by search; ties go to the even code (mantissa bit 0).
     fn e2m1_nearest(v: f32) -> f32 {
-        let c = v.clamp(-6.0, 6.0) as f64;
-        let mut best = (f64::INFINITY, 0f32, 0u8);
-        for (w, b) in e2m1_values() {
-            let d = (w as f64 - c).abs();
-            if d < best.0 || (d == best.0 && b & 1 == 0 && best.2 & 1 == 1) {
-                best = (d, w, b);
-            }
-        }
-        if best.1 == 0.0 {
-            0f32.copysign(v)
-        } else {
-            best.1
-        }
+        nearest_by_search(v, 6.0, &e2m1_values())
     }
 
     #[test]
