@@ -10,9 +10,11 @@
 //! - `fma_peak/*` and `prefill/*`: a register-only FMA loop and the n-token matmul, both as
 //!   `Throughput::Elements` of f32 flops, so elem/s reads as FLOP/s.
 //!
-//! Every available tier, on 1 thread and on all threads. Short by design (10 samples).
+//! Every available tier, on 1 thread and on all threads, plus `bf16` (official numerics'
+//! `vdpbf16ps` path for FP8/FP4, where the CPU has avx512_bf16). Short by design (10
+//! samples).
 
-use _core::kernels::{fma_probe, matmul_q8_tier, matmul_tier, MatRef, Tier, Weights};
+use _core::kernels::{fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier, Weights};
 use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
 use rayon::prelude::*;
 use std::hint::black_box;
@@ -116,6 +118,12 @@ fn tiers() -> Vec<Tier> {
     Tier::ALL.into_iter().filter(|t| t.available()).collect()
 }
 
+/// Whether the CPU runs official numerics' `vdpbf16ps` path.
+fn has_bf16() -> bool {
+    let o = make(Kind::Fp4, 1, 32, 0);
+    matmul_bf16(&mat(Kind::Fp4, 1, 32, &o), 0..1, &[0.0; 32], 1, &mut [0.0]).is_ok()
+}
+
 fn stream(c: &mut Criterion) {
     let bytes: usize = if full_size() { 2 << 30 } else { 16 << 20 };
     let buf = vec![1f32; bytes / 4];
@@ -200,6 +208,20 @@ fn decode(c: &mut Criterion) {
                 }
             }
         }
+        if kind != Kind::Bf16 && has_bf16() {
+            for (t, pool) in &pools {
+                let id = BenchmarkId::new(name, format!("bf16/{t}t"));
+                let mut i = 0;
+                g.bench_function(id, |b| {
+                    b.iter(|| {
+                        i = (i + 1) % mats.len();
+                        pool.install(|| matmul_bf16(&mats[i], 0..rows, &x, 1, &mut y))
+                            .unwrap();
+                        black_box(&y);
+                    })
+                });
+            }
+        }
     }
 }
 
@@ -270,6 +292,21 @@ fn prefill(c: &mut Criterion) {
                             })
                         });
                     }
+                }
+            }
+            if has_bf16() {
+                for (t, pool) in &pools {
+                    let id = BenchmarkId::new(
+                        format!("{kname}_{rows}x{cols}_n{n}"),
+                        format!("bf16/{t}t"),
+                    );
+                    g.bench_function(id, |b| {
+                        b.iter(|| {
+                            pool.install(|| matmul_bf16(&m, 0..rows, &x, n, &mut y))
+                                .unwrap();
+                            black_box(&y);
+                        })
+                    });
                 }
             }
         }

@@ -323,8 +323,13 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exa
         f"plan: RAM budget {ram} · resident "
         f"{_gb(plan['dense_bytes'])} · expert cache {_gb(plan['cache_bytes'])} "
         f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · kernels "
-        f"{kernel_tier()} · {numerics} numerics · {n_threads}"
+        f"{kernel_tier()} · {numerics} numerics{_products(numerics)} · {n_threads}"
     )
+
+
+def _products(numerics: str) -> str:
+    """How official numerics multiplies, when it has a kernel of its own."""
+    return " (bf16 products)" if numerics == "official" and _core.official_uses_bf16() else ""
 
 
 def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:

@@ -99,9 +99,10 @@ pub(crate) trait Kernel: Copy + Send + Sync {
 }
 
 /// Rows decoded together in the prefill path.
-const GROUP: usize = 16;
+pub(super) const GROUP: usize = 16;
 
-fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
+/// Rows `r` of `m` (an FP8 range must lie inside one 128-row block).
+pub(super) fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
     let c = m.cols;
     let rows = match m.w {
         Weights::F32(d) => Rows::F32(&d[r.start * c..r.end * c]),
@@ -162,6 +163,23 @@ fn task_rows(nr: usize) -> usize {
         .clamp(GROUP, 128)
 }
 
+/// `rows` split into the parallel tasks, in order; with `fp8` no task straddles a 128-row
+/// block (a view has one scale row).
+pub(super) fn task_split(rows: &Range<usize>, fp8: bool) -> Vec<Range<usize>> {
+    let step = task_rows(rows.len());
+    let mut tasks = Vec::new();
+    let mut r = rows.start;
+    while r < rows.end {
+        let mut e = (r + step).min(rows.end);
+        if fp8 {
+            e = e.min((r / 128 + 1) * 128);
+        }
+        tasks.push(r..e);
+        r = e;
+    }
+    tasks
+}
+
 pub(crate) fn matmul<K: Kernel>(
     k: K,
     m: &MatRef,
@@ -180,21 +198,8 @@ pub(crate) fn matmul<K: Kernel>(
     let fp8 = matches!(m.w, Weights::Fp8 { .. });
     let xp = prep_x(m, x, n, cp, K::LANES);
 
-    // Tasks never straddle an FP8 128-row block (a view has one scale row).
-    let step = task_rows(nr);
-    let mut tasks = Vec::new();
-    let mut r = rows.start;
-    while r < rows.end {
-        let mut e = (r + step).min(rows.end);
-        if fp8 {
-            e = e.min((r / 128 + 1) * 128);
-        }
-        tasks.push(r..e);
-        r = e;
-    }
-
     let post = if fp8 { 256.0 } else { 1.0 };
-    run_tasks(tasks, rows.start, n, y, |tr, o| {
+    run_tasks(task_split(&rows, fp8), rows.start, n, y, |tr, o| {
         if n == 1 {
             k.dot_x1(&view(m, tr.clone()), &xp, o);
         } else {
@@ -223,7 +228,7 @@ pub(crate) fn matmul<K: Kernel>(
 /// task in parallel, `out` being that task's block [rows.len(), n] (row-major). For n == 1
 /// the block is y's own slice; otherwise each task copies its block into its columns of y
 /// (for every token a contiguous run), so no [nr, n] buffer and no serial transpose exist.
-fn run_tasks(
+pub(super) fn run_tasks(
     tasks: Vec<Range<usize>>,
     row0: usize,
     n: usize,
@@ -303,15 +308,7 @@ pub(crate) fn matmul_q8<K: Kernel>(
     );
     let (cols, nb) = (m.cols, m.cols / 32);
     let qx = quantize(x, cols); // q [n, cols], d [n, nb]
-    let step = task_rows(nr);
-    let mut tasks = Vec::new();
-    let mut r = rows.start;
-    while r < rows.end {
-        let e = (r + step).min(rows.end);
-        tasks.push(r..e);
-        r = e;
-    }
-    run_tasks(tasks, rows.start, n, y, |tr, o| {
+    run_tasks(task_split(&rows, false), rows.start, n, y, |tr, o| {
         if n == 1 {
             k.dot_q8_x1(&view(m, tr.clone()), &qx.q, &qx.d, o);
         } else {

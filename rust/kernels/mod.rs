@@ -17,6 +17,9 @@
 //! the CPU lacks (or an unknown name) prints a one-time warning on stderr and uses the best
 //! available tier instead. `tier_name()` reports the choice.
 //!
+//! Official numerics multiplies FP8/FP4 matrices with `vdpbf16ps` on AVX-512 CPUs that
+//! have avx512_bf16 (`V4FLASH_BF16=off` keeps the f32 kernels; see `x86::bf16`).
+//!
 //! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
 //! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
 
@@ -198,10 +201,66 @@ pub fn matmul_in(
             check_args(m, &rows, x, n, y);
             let mut xq = x.to_vec();
             quant::fp8_act_qdq(&mut xq, m.cols);
+            #[cfg(target_arch = "x86_64")]
+            if numerics == Numerics::Official {
+                if let Some(b) = bf16_kernel() {
+                    counted(m, &rows, n, || {
+                        x86::matmul_bf16(b, m, rows.clone(), &xq, n, y)
+                    });
+                    return;
+                }
+            }
             matmul(m, rows, &xq, n, y)
         }
         _ => matmul(m, rows, x, n, y),
     }
+}
+
+/// The `vdpbf16ps` kernels official numerics uses for FP8/FP4 products: when the active
+/// tier is AVX-512, the CPU has avx512_bf16 and `V4FLASH_BF16=off` is not set (decided
+/// once). See `x86::bf16` for why they lose nothing.
+#[cfg(target_arch = "x86_64")]
+fn bf16_kernel() -> Option<x86::Bf16> {
+    static B: OnceLock<Option<x86::Bf16>> = OnceLock::new();
+    *B.get_or_init(|| {
+        let off = std::env::var("V4FLASH_BF16").is_ok_and(|v| v == "off" || v == "0");
+        if off || active_tier() != Tier::Avx512 {
+            return None;
+        }
+        x86::Bf16::detect()
+    })
+}
+
+/// Whether official numerics multiplies FP8/FP4 matrices with `vdpbf16ps` (else with the
+/// active tier's f32 kernels on the rounded activations).
+pub fn official_uses_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return bf16_kernel().is_some();
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
+/// The `vdpbf16ps` product of an FP8 or FP4 matrix with x rounded to bf16 (official
+/// numerics applies it after the E4M3 round trip, which makes the rounding exact), for
+/// tests and benches. Errors if the CPU lacks avx512_bf16 or the matrix is not FP8/FP4.
+pub fn matmul_bf16(
+    m: &MatRef,
+    rows: Range<usize>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), String> {
+    if !matches!(m.w, Weights::Fp8 { .. } | Weights::Fp4 { .. }) {
+        return Err("the bf16 path is only for FP8 and FP4 matrices".into());
+    }
+    check_args(m, &rows, x, n, y);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(b) = x86::Bf16::detect() {
+        x86::matmul_bf16(b, m, rows, x, n, y);
+        return Ok(());
+    }
+    let _ = (rows, x, n, y);
+    Err("this CPU lacks avx512_bf16".into())
 }
 
 fn check_args(m: &MatRef, rows: &Range<usize>, x: &[f32], n: usize, y: &[f32]) {
@@ -463,5 +522,7 @@ pub fn tier_name() -> &'static str {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bf16;
 #[cfg(test)]
 mod tests_fast;

@@ -3,7 +3,10 @@
 
 mod avx2;
 mod avx512;
+mod bf16;
 mod int8;
 
 pub(crate) use avx2::Avx2;
 pub(crate) use avx512::Avx512;
+pub(crate) use bf16::matmul as matmul_bf16;
+pub(crate) use bf16::Bf16;

@@ -1,0 +1,267 @@
+//! The `vdpbf16ps` path of official numerics: bit for bit against a scalar twin of the
+//! instruction's definition (two FMA steps per lane, element 2j + 1 then 2j), within the
+//! f32 error budget of the f64 reference, the determinism contract, and the dispatch.
+//! On a CPU without avx512_bf16 the tests check that the path refuses and official
+//! numerics keeps the f32 kernels.
+
+use super::quant::fp8_act_qdq;
+use super::tests::{make_x, Kind, Mat};
+use super::*;
+use crate::dtype::{e4m3_to_f32, e8m0_to_f32, E2M1_LUT};
+
+/// f32 rounded to bf16 to nearest even, back as f32 (independent of the kernel's `half`).
+fn bf16_round(v: f32) -> f32 {
+    let b = v.to_bits();
+    let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+    f32::from_bits(r)
+}
+
+/// Denormals read as / flushed to zero, as `vdpbf16ps` does.
+fn ftz(v: f32) -> f32 {
+    if v.is_subnormal() {
+        0.0 * v.signum()
+    } else {
+        v
+    }
+}
+
+/// Row r of the matrix in the path's chunk layout (32 columns per chunk; FP4 blocks as [16
+/// even, 16 odd]; FP8 as e4m3 / 256 times the scale, zero padded), and the same for x.
+fn layout(m: &Mat, fp8: bool, r: usize, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let cols = m.cols;
+    let nch = cols.div_ceil(32);
+    let (mut w, mut xl) = (vec![0f32; nch * 32], vec![0f32; nch * 32]);
+    let order = |c: usize| -> usize {
+        // position of column c in its chunk
+        if !fp8 {
+            let k = c % 32;
+            c - k + if k % 2 == 0 { k / 2 } else { 16 + k / 2 }
+        } else {
+            c
+        }
+    };
+    for c in 0..cols {
+        let wv = if !fp8 {
+            let b = m.q[(r * cols + c) / 2];
+            let nib = if c % 2 == 0 { b & 15 } else { b >> 4 };
+            E2M1_LUT[nib as usize] * e8m0_to_f32(m.s[r * cols / 32 + c / 32])
+        } else {
+            let sc = cols.div_ceil(128);
+            e4m3_to_f32(m.q[r * cols + c]) / 256.0 * e8m0_to_f32(m.s[(r / 128) * sc + c / 128])
+        };
+        w[order(c)] = wv;
+        xl[order(c)] = bf16_round(x[c]);
+    }
+    (w, xl)
+}
+
+/// The instruction's definition, chunk by chunk, then the AVX-512 lane-sum tree.
+fn twin(m: &Mat, rows: Range<usize>, x: &[f32], n: usize, fp8: bool) -> Vec<f32> {
+    let (cols, nr) = (m.cols, rows.len());
+    let mut y = vec![0f32; n * nr];
+    for t in 0..n {
+        for (i, r) in rows.clone().enumerate() {
+            let (w, xl) = layout(m, fp8, r, &x[t * cols..(t + 1) * cols]);
+            let mut acc = [0f32; 16];
+            for (wc, xc) in w.chunks_exact(32).zip(xl.chunks_exact(32)) {
+                for j in 0..16 {
+                    let (w1, x1) = (ftz(wc[2 * j + 1]), ftz(xc[2 * j + 1]));
+                    let (w0, x0) = (ftz(wc[2 * j]), ftz(xc[2 * j]));
+                    acc[j] = ftz(w1.mul_add(x1, acc[j]));
+                    acc[j] = ftz(w0.mul_add(x0, acc[j]));
+                }
+            }
+            let mut h = 8;
+            while h > 0 {
+                for j in 0..h {
+                    acc[j] += acc[j + h];
+                }
+                h /= 2;
+            }
+            y[t * nr + i] = if fp8 { acc[0] * 256.0 } else { acc[0] };
+        }
+    }
+    y
+}
+
+fn run_bf16(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize) -> Result<Vec<f32>, String> {
+    let mut y = vec![f32::NAN; n * rows.len()];
+    matmul_bf16(m, rows, x, n, &mut y)?;
+    Ok(y)
+}
+
+fn has_bf16() -> bool {
+    cfg!(target_arch = "x86_64") && {
+        let m = Mat::new(Kind::Fp4, 1, 32, 0);
+        run_bf16(&m.mat_ref(), 0..1, &[0.0; 32], 1).is_ok()
+    }
+}
+
+/// FP8 shapes with partial chunks and several row blocks; FP4 with cols % 32 == 0.
+const SHAPES: [(Kind, usize, usize); 8] = [
+    (Kind::Fp8, 1, 32),
+    (Kind::Fp8, 5, 100),
+    (Kind::Fp8, 130, 200),
+    (Kind::Fp8, 259, 1024),
+    (Kind::Fp4, 1, 32),
+    (Kind::Fp4, 3, 96),
+    (Kind::Fp4, 130, 544),
+    (Kind::Fp4, 37, 2048),
+];
+
+#[test]
+fn bf16_matches_the_instruction_twin_bit_for_bit() {
+    if !has_bf16() {
+        println!("SKIP bf16 twin: this CPU lacks avx512_bf16 (checked by the dispatch test)");
+        return;
+    }
+    for (kind, rows, cols) in SHAPES {
+        let m = Mat::new(kind, rows, cols, 7);
+        let mr = m.mat_ref();
+        for n in [1, 2, 7, 13] {
+            let xb = make_x(n, cols, 3 + n as u64);
+            let x = &xb[1..];
+            let y = run_bf16(&mr, 0..rows, x, n).unwrap();
+            let want = twin(&m, 0..rows, x, n, kind == Kind::Fp8);
+            for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "{kind:?} [{rows}, {cols}] n {n} at {i}: kernel {a:e}, twin {b:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_on_rounded_activations_stays_within_the_f32_budget() {
+    if !has_bf16() {
+        println!("SKIP bf16 budget: this CPU lacks avx512_bf16 (checked by the dispatch test)");
+        return;
+    }
+    for (kind, rows, cols) in SHAPES {
+        let m = Mat::new(kind, rows, cols, 11);
+        let mr = m.mat_ref();
+        let n = 5;
+        let xb = make_x(n, cols, 5);
+        let mut xq = xb[1..].to_vec();
+        fp8_act_qdq(&mut xq, cols);
+        let y = run_bf16(&mr, 0..rows, &xq, n).unwrap();
+        let mut f = vec![0f32; n * rows];
+        matmul(&mr, 0..rows, &xq, n, &mut f);
+        for t in 0..n {
+            for r in 0..rows {
+                let (mut s, mut a) = (0f64, 0f64);
+                for c in 0..cols {
+                    // the rounded activations are bf16 values: the kernel sees them exactly
+                    let xv = xq[t * cols + c];
+                    assert_eq!(
+                        bf16_round(xv),
+                        xv,
+                        "E4M3-rounded activations are bf16 values"
+                    );
+                    let p = m.deq[r * cols + c] * xv as f64;
+                    s += p;
+                    a += p.abs();
+                }
+                // one FMA per pair of columns, a 4-step lane sum
+                let budget = (cols as f64 / 32.0 + 8.0) * 2f64.powi(-23) * a + 1e-37;
+                let (yb, yf) = (y[t * rows + r] as f64, f[t * rows + r] as f64);
+                assert!(
+                    (yb - s).abs() <= budget && (yf - s).abs() <= budget,
+                    "{kind:?} [{rows}, {cols}] t {t} r {r}: bf16 {yb:e}, f32 {yf:e}, f64 {s:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_is_bit_identical_across_threads_tokens_and_row_ranges() {
+    if !has_bf16() {
+        println!("SKIP bf16 determinism: this CPU lacks avx512_bf16");
+        return;
+    }
+    for (kind, rows, cols) in [(Kind::Fp8, 261, 200), (Kind::Fp4, 19, 1056)] {
+        let m = Mat::new(kind, rows, cols, 13);
+        let mr = m.mat_ref();
+        for n in [2, 7, 40] {
+            let xb = make_x(n, cols, 40 + n as u64);
+            let x = &xb[1..];
+            let full = run_bf16(&mr, 0..rows, x, n).unwrap();
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let again = pool.install(|| run_bf16(&mr, 0..rows, x, n).unwrap());
+                assert!(
+                    again
+                        .iter()
+                        .zip(&full)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kind:?} n {n}: {threads} threads differ"
+                );
+            }
+            for rg in [3..rows, rows / 2..rows / 2 + 2, rows - 6..rows] {
+                let nr = rg.len();
+                let y = run_bf16(&mr, rg.clone(), x, n).unwrap();
+                for t in 0..n {
+                    let y1 = run_bf16(&mr, rg.clone(), &x[t * cols..(t + 1) * cols], 1).unwrap();
+                    for i in 0..nr {
+                        let (a, b, c) = (y[t * nr + i], y1[i], full[t * rows + rg.start + i]);
+                        assert!(
+                            a.to_bits() == b.to_bits() && a.to_bits() == c.to_bits(),
+                            "{kind:?} n {n} rows {rg:?} token {t} row {i}: {a} / {b} / {c}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn official_numerics_dispatches_to_bf16_exactly_when_the_cpu_has_it() {
+    let m = Mat::new(Kind::Fp4, 40, 256, 2);
+    let mr = m.mat_ref();
+    let n = 3;
+    let xb = make_x(n, 256, 9);
+    let x = &xb[1..];
+    let mut xq = x.to_vec();
+    fp8_act_qdq(&mut xq, 256);
+    let mut off = vec![0f32; n * 40];
+    matmul_in(Numerics::Official, &mr, 0..40, x, n, &mut off);
+    let mut f32_path = vec![0f32; n * 40];
+    matmul(&mr, 0..40, &xq, n, &mut f32_path);
+    let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+    match run_bf16(&mr, 0..40, &xq, n) {
+        Ok(b) => {
+            let want = if official_uses_bf16() { &b } else { &f32_path };
+            assert_eq!(bits(&off), bits(want), "official takes the path it reports");
+            assert_eq!(
+                official_uses_bf16(),
+                active_tier() == Tier::Avx512
+                    && !std::env::var("V4FLASH_BF16").is_ok_and(|v| v == "off" || v == "0"),
+            );
+        }
+        Err(e) => {
+            assert!(e.contains("lacks avx512_bf16"), "{e}");
+            assert!(!official_uses_bf16());
+            assert_eq!(
+                bits(&off),
+                bits(&f32_path),
+                "without bf16 official is f32 on QDQ'd x"
+            );
+        }
+    }
+    // fp8-act, the measurement mode, always runs the f32 kernels
+    let mut fa = vec![0f32; n * 40];
+    matmul_in(Numerics::Fp8Act, &mr, 0..40, x, n, &mut fa);
+    assert_eq!(bits(&fa), bits(&f32_path));
+    // other formats are refused
+    let b = Mat::new(Kind::Bf16, 4, 64, 1);
+    let mut y = vec![0f32; 4];
+    let err = matmul_bf16(&b.mat_ref(), 0..4, &[0.0; 64], 1, &mut y).unwrap_err();
+    assert!(err.contains("only for FP8 and FP4"), "{err}");
+}

@@ -1,0 +1,422 @@
+//! Official numerics' FP8/FP4 products as `vdpbf16ps`, on CPUs with avx512_bf16.
+//!
+//! Why BF16 loses nothing here: official numerics rounds every activation that enters an
+//! FP8 or FP4 product to E4M3 times a power of two (`quant::fp8_act_qdq`), and every decoded
+//! weight is E4M3 or E2M1 times a power of two. Each has at most 4 significant bits, so each
+//! is a BF16 value (8 bits), converting it is exact, and the product of two of them (at most
+//! 8 bits) is exact in f32. What remains is the order of the additions.
+//!
+//! `vdpbf16ps` adds to f32 lane j the products of its bf16 elements 2j + 1 and then 2j, each
+//! addition rounded to nearest even (Intel's definition; measured the same on AMD Zen 4),
+//! with bf16 denormal inputs read as zero and denormal results flushed to zero. With exact
+//! products that is two FMA steps per lane, so every (row, token) output here is one fixed
+//! chain per lane over the 32-column chunks in order, then the AVX-512 tier's fixed-tree
+//! lane sum (`Simd::hsum`): the same value in the one-token and the prefill path, for any
+//! thread count (the driver's task split), as `driver` requires. It differs from `matmul`'s
+//! f32 chain by rounding only (the columns meet the lanes in another order). Flushing can
+//! only matter below 2^-126, which no E4M3 activation (>= 2^-31 times its block's scale)
+//! or real checkpoint weight comes near.
+//!
+//! Column layout of a 32-column chunk (weights and x alike, as bf16):
+//! - FP8: the columns in order (elements 2j, 2j + 1 are columns 2j, 2j + 1);
+//! - FP4: one 32-column scale block as [16 even columns, 16 odd columns], the low then the
+//!   high nibbles of its 16 bytes (the AVX-512 tier's FP4 group).
+//!
+//! FP8 weights decode through the AVX-512 tier's f16 route to e4m3 / 256 times the block
+//! scale; the `* 256` is applied to the sum, exactly.
+
+use super::super::driver::{run_tasks, task_split, view, Rows, RowsView, GROUP};
+use super::super::generic::Simd;
+use super::super::{MatRef, Weights};
+use super::Avx512;
+use crate::dtype::e8m0_to_f32;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Proof that the CPU has avx512_bf16 on top of the AVX-512 tier; only `detect` makes one.
+#[derive(Clone, Copy)]
+pub(crate) struct Bf16(Avx512);
+
+impl Bf16 {
+    pub(crate) fn detect() -> Option<Self> {
+        let a = Avx512::detect()?;
+        is_x86_feature_detected!("avx512bf16").then_some(Bf16(a))
+    }
+}
+
+/// bf16 columns per chunk (one `vdpbf16ps`).
+const CH: usize = 32;
+/// Chunks per panel in the prefill path: 16 rows x 1024 bf16 = 32 KiB stay in L1.
+const PANEL: usize = 32;
+
+/// `v` rounded to bf16 (to nearest even; exact for the values this path is given).
+fn to_bf16(v: f32) -> u16 {
+    half::bf16::from_f32(v).to_bits()
+}
+
+/// x [n, cols] as bf16 [n, stride] in the chunk layout, zero padded.
+fn prep_x(fp4: bool, x: &[f32], n: usize, cols: usize, stride: usize) -> Vec<u16> {
+    let mut xb = vec![0u16; n * stride];
+    for (xs, d) in x.chunks_exact(cols).zip(xb.chunks_exact_mut(stride)) {
+        if fp4 {
+            for (xg, dg) in xs.chunks_exact(CH).zip(d.chunks_exact_mut(CH)) {
+                for k in 0..CH / 2 {
+                    dg[k] = to_bf16(xg[2 * k]);
+                    dg[CH / 2 + k] = to_bf16(xg[2 * k + 1]);
+                }
+            }
+        } else {
+            for (v, o) in xs.iter().zip(d.iter_mut()) {
+                *o = to_bf16(*v);
+            }
+        }
+    }
+    xb
+}
+
+/// 32 bf16 at p.
+///
+/// # Safety
+/// The CPU has avx512f; `p` is valid for reading 64 bytes.
+#[inline(always)]
+unsafe fn load_bh(p: *const u16) -> __m512bh {
+    // SAFETY: the caller's contract (unaligned read); __m512i and __m512bh are both 64-byte
+    // vectors and every bit pattern is a valid value of either.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
+}
+
+/// 32 FP8 bytes at p (columns in order) as bf16 e4m3 / 256 times the block scale `sv`.
+///
+/// # Safety
+/// The CPU has this tier's features; `p` is valid for reading 32 bytes.
+#[inline(always)]
+unsafe fn fp8_bh(a: Avx512, p: *const u8, sv: __m512) -> __m512bh {
+    // SAFETY: the caller's contract; `fp8` reads 16 bytes at p and at p + 16.
+    unsafe {
+        let lo = a.mul(a.fp8(p), sv);
+        let hi = a.mul(a.fp8(p.add(16)), sv);
+        _mm512_cvtne2ps_pbh(hi, lo)
+    }
+}
+
+/// One FP4 scale block (16 bytes at p) as bf16 [16 even columns, 16 odd columns], values
+/// of the table `t` (E2M1 times the block scale, 16 f32).
+///
+/// # Safety
+/// The CPU has this tier's features; `p` is valid for reading 16 bytes.
+#[inline(always)]
+unsafe fn fp4_bh(a: Avx512, p: *const u8, t: __m512) -> __m512bh {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (lo, hi) = a.fp4(p, t);
+        _mm512_cvtne2ps_pbh(hi, lo)
+    }
+}
+
+/// Chunk c of row r decoded (the last FP8 chunk zero padded).
+///
+/// # Safety
+/// The CPU has this tier's features.
+#[inline(always)]
+unsafe fn chunk(a: Avx512, rows: Rows, r: usize, cols: usize, c: usize) -> __m512bh {
+    let j = c * CH;
+    match rows {
+        Rows::Fp8 { q, scale } => {
+            let row = &q[r * cols..(r + 1) * cols];
+            let mut b = [0u8; CH];
+            let v = if j + CH <= cols {
+                &row[j..j + CH]
+            } else {
+                b[..cols - j].copy_from_slice(&row[j..]);
+                &b[..]
+            };
+            let sv = a.splat(e8m0_to_f32(scale[j / 128]));
+            // SAFETY: `v` holds 32 bytes; features by the caller's contract.
+            unsafe { fp8_bh(a, v.as_ptr(), sv) }
+        }
+        Rows::Fp4 { q, scale } => {
+            let t = a.mul(
+                a.fp4_table(),
+                a.splat(e8m0_to_f32(scale[(r * cols + j) / 32])),
+            );
+            let v = &q[(r * cols + j) / 2..][..CH / 2];
+            // SAFETY: `v` holds 16 bytes; features by the caller's contract.
+            unsafe { fp4_bh(a, v.as_ptr(), t) }
+        }
+        Rows::F32(_) | Rows::Bf16(_) => unreachable!("the bf16 path takes FP8 and FP4 rows"),
+    }
+}
+
+/// R rows from r0, one token: acc[k] = dpbf16(acc[k], w[k][c], x[c]) over the chunks.
+///
+/// # Safety
+/// The CPU has this tier's features.
+#[inline(always)]
+unsafe fn rows_x1<const R: usize>(
+    a: Avx512,
+    w: &RowsView,
+    r0: usize,
+    xb: &[u16],
+    tables: &[__m512; 256],
+) -> [f32; R] {
+    let cols = w.cols;
+    let (full, nch) = (cols / CH, cols.div_ceil(CH));
+    assert!(xb.len() >= nch * CH && r0 + R <= w.nrows);
+    let xp = xb.as_ptr();
+    let mut acc = [a.splat(0.0); R];
+    // SAFETY: the features by the caller's contract; the pointer offsets are inside the
+    // buffers as each loop's comment says.
+    unsafe {
+        match w.rows {
+            Rows::Fp4 { q, scale } => {
+                assert!(q.len() >= (r0 + R) * cols / 2 && scale.len() >= (r0 + R) * cols / 32);
+                let qp = q[r0 * cols / 2..].as_ptr();
+                let sc = &scale[r0 * cols / 32..];
+                // FP4 cols are a multiple of 32: every chunk is full. Chunk c of row k is
+                // bytes 16c..16c + 16 of that row's cols / 2, inside q (asserted).
+                for c in 0..full {
+                    let xv = load_bh(xp.add(c * CH));
+                    for k in 0..R {
+                        let t = tables[sc[k * (cols / 32) + c] as usize];
+                        let wv = fp4_bh(a, qp.add(k * cols / 2 + c * CH / 2), t);
+                        acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
+                    }
+                }
+            }
+            Rows::Fp8 { q, scale } => {
+                assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
+                let qp = q[r0 * cols..].as_ptr();
+                // full chunks: columns 32c..32c + 32 <= cols of each row, inside q
+                for c in 0..full {
+                    let sv = a.splat(e8m0_to_f32(scale[c * CH / 128]));
+                    let xv = load_bh(xp.add(c * CH));
+                    for k in 0..R {
+                        let wv = fp8_bh(a, qp.add(k * cols + c * CH), sv);
+                        acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
+                    }
+                }
+                if full < nch {
+                    let xv = load_bh(xp.add(full * CH));
+                    for k in 0..R {
+                        let wv = chunk(a, w.rows, r0 + k, cols, full);
+                        acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
+                    }
+                }
+            }
+            Rows::F32(_) | Rows::Bf16(_) => unreachable!("the bf16 path takes FP8 and FP4 rows"),
+        }
+    }
+    let mut out = [0f32; R];
+    for k in 0..R {
+        out[k] = a.hsum(acc[k]);
+    }
+    out
+}
+
+/// Rows sharing each x load in the one-token path.
+const ROWS_X1: usize = 4;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+/// out[r] = row r · x for every row of `w`, one token.
+///
+/// # Safety
+/// The CPU has the enabled features.
+unsafe fn dot_x1(a: Avx512, w: &RowsView, xb: &[u16], out: &mut [f32]) {
+    // the FP4 table times every possible scale, so the loop only loads a block's table
+    let mut tables = [a.splat(0.0); 256];
+    if let Rows::Fp4 { .. } = w.rows {
+        for (b, t) in tables.iter_mut().enumerate() {
+            *t = a.mul(a.fp4_table(), a.splat(e8m0_to_f32(b as u8)));
+        }
+    }
+    let mut r = 0;
+    // SAFETY: the features by the caller's contract.
+    unsafe {
+        while r + ROWS_X1 <= w.nrows {
+            out[r..r + ROWS_X1].copy_from_slice(&rows_x1::<ROWS_X1>(a, w, r, xb, &tables));
+            r += ROWS_X1;
+        }
+        while r < w.nrows {
+            out[r] = rows_x1::<1>(a, w, r, xb, &tables)[0];
+            r += 1;
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+/// wbuf[r * stride..][..chunks * 32] = row r decoded in the chunk layout.
+///
+/// # Safety
+/// The CPU has the enabled features.
+unsafe fn decode(a: Avx512, w: &RowsView, stride: usize, wbuf: &mut [u16]) {
+    let nch = w.cols.div_ceil(CH);
+    for r in 0..w.nrows {
+        let row = &mut wbuf[r * stride..r * stride + nch * CH];
+        for c in 0..nch {
+            let d = &mut row[c * CH..(c + 1) * CH];
+            // SAFETY: the features by the caller's contract; `d` holds 64 bytes; the vector
+            // types have the same size and any bit pattern is valid for both.
+            unsafe {
+                let v = chunk(a, w.rows, r, w.cols, c);
+                _mm512_storeu_si512(
+                    d.as_mut_ptr().cast(),
+                    std::mem::transmute::<__m512bh, __m512i>(v),
+                );
+            }
+        }
+    }
+}
+
+/// R rows x T tokens over chunks c0..c1, each (row, token) keeping its accumulator in
+/// `accs` ([rows, n, 16]) between panels so its chain is `rows_x1`'s.
+///
+/// # Safety
+/// The CPU has this tier's features.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const R: usize, const T: usize>(
+    a: Avx512,
+    (wbuf, r0, stride): (&[u16], usize, usize),
+    (xb, t0, n): (&[u16], usize, usize),
+    (c0, c1): (usize, usize),
+    accs: &mut [f32],
+) {
+    assert!(t0 + T <= n && c1 * CH <= stride);
+    assert!(wbuf.len() >= (r0 + R - 1) * stride + c1 * CH);
+    assert!(xb.len() >= (t0 + T - 1) * stride + c1 * CH);
+    assert!(accs.len() >= (r0 + R) * n * 16);
+    let (wp, xp, ap) = (wbuf.as_ptr(), xb.as_ptr(), accs.as_mut_ptr());
+    let mut acc = [[a.splat(0.0); T]; R];
+    // SAFETY: the features by the caller's contract; rows r0..r0 + R, tokens t0..t0 + T and
+    // chunks below c1 are inside the buffers (asserted), accs holds [rows, n, 16] f32.
+    unsafe {
+        if c0 > 0 {
+            for k in 0..R {
+                for t in 0..T {
+                    acc[k][t] = a.load(ap.add(((r0 + k) * n + t0 + t) * 16));
+                }
+            }
+        }
+        for c in c0..c1 {
+            let mut xv = [_mm512_setzero_si512(); T];
+            for t in 0..T {
+                xv[t] = _mm512_loadu_si512(xp.add((t0 + t) * stride + c * CH).cast());
+            }
+            for k in 0..R {
+                let wv = load_bh(wp.add((r0 + k) * stride + c * CH));
+                for t in 0..T {
+                    let x = std::mem::transmute::<__m512i, __m512bh>(xv[t]);
+                    acc[k][t] = _mm512_dpbf16_ps(acc[k][t], wv, x);
+                }
+            }
+        }
+        for k in 0..R {
+            for t in 0..T {
+                a.store(ap.add(((r0 + k) * n + t0 + t) * 16), acc[k][t]);
+            }
+        }
+    }
+}
+
+/// Micro-kernel shape of the prefill path: 4 rows x 6 tokens (24 accumulators, 6 x and
+/// one weight register of 32).
+const TILE_R: usize = 4;
+const TILE_T: usize = 6;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+/// out[r, t] = wbuf[r] · xb[t] for r < nrows, t < n (panel -> token tile -> row tile).
+///
+/// # Safety
+/// The CPU has the enabled features.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm(
+    a: Avx512,
+    (wbuf, nrows, nch, stride): (&[u16], usize, usize, usize),
+    (xb, n): (&[u16], usize),
+    out: &mut [f32],
+    accs: &mut [f32],
+) {
+    assert!(
+        accs.len() >= nrows * n * 16,
+        "gemm: accs must hold [nrows, n, 16]"
+    );
+    let mut c0 = 0;
+    // SAFETY: the features by the caller's contract.
+    unsafe {
+        while c0 < nch {
+            let cs = (c0, (c0 + PANEL).min(nch));
+            let mut t = 0;
+            while t < n {
+                let full = t + TILE_T <= n;
+                let mut r = 0;
+                while r < nrows {
+                    let w = (wbuf, r, stride);
+                    let x = (xb, t, n);
+                    match (nrows - r >= TILE_R, full) {
+                        (true, true) => tile::<TILE_R, TILE_T>(a, w, x, cs, accs),
+                        (true, false) => tile::<TILE_R, 1>(a, w, x, cs, accs),
+                        (false, true) => tile::<1, TILE_T>(a, w, x, cs, accs),
+                        (false, false) => tile::<1, 1>(a, w, x, cs, accs),
+                    }
+                    r += if nrows - r >= TILE_R { TILE_R } else { 1 };
+                }
+                t += if full { TILE_T } else { 1 };
+            }
+            c0 = cs.1;
+        }
+        for (o, v) in out.iter_mut().zip(accs.chunks_exact(16)) {
+            *o = a.hsum(a.load(v.as_ptr()));
+        }
+    }
+}
+
+/// y[n, rows.len()] = x · W[rows]ᵀ for an FP8 or FP4 matrix, x rounded to bf16 (exact for
+/// official numerics' activations), products as `vdpbf16ps`. Arguments checked by the caller.
+pub(crate) fn matmul(b: Bf16, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
+    let (nr, cols) = (rows.len(), m.cols);
+    if nr == 0 || n == 0 {
+        return;
+    }
+    let fp8 = match m.w {
+        Weights::Fp8 { .. } => true,
+        Weights::Fp4 { .. } => false,
+        Weights::F32(_) | Weights::Bf16(_) => unreachable!("the bf16 path takes FP8 and FP4"),
+    };
+    let a = b.0;
+    let nch = cols.div_ceil(CH);
+    // row stride of x and decoded weights, padded by 64 bytes against L1 set conflicts
+    let stride = nch * CH + CH;
+    let xb = prep_x(!fp8, x, n, cols, stride);
+    let post = if fp8 { 256.0 } else { 1.0 };
+    run_tasks(task_split(&rows, fp8), rows.start, n, y, |tr, o| {
+        // SAFETY: `Bf16` exists, so `detect` found every feature these functions enable.
+        unsafe {
+            if n == 1 {
+                dot_x1(a, &view(m, tr.clone()), &xb, o);
+            } else {
+                let mut wbuf = vec![0u16; GROUP * stride];
+                let mut accs = vec![0f32; GROUP * n * 16];
+                let mut g0 = tr.start;
+                while g0 < tr.end {
+                    let g1 = (g0 + GROUP).min(tr.end);
+                    let gl = g1 - g0;
+                    decode(a, &view(m, g0..g1), stride, &mut wbuf[..gl * stride]);
+                    let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
+                    gemm(
+                        a,
+                        (&wbuf[..gl * stride], gl, nch, stride),
+                        (&xb, n),
+                        oo,
+                        &mut accs,
+                    );
+                    g0 = g1;
+                }
+            }
+        }
+        if post != 1.0 {
+            for v in o.iter_mut() {
+                *v *= post;
+            }
+        }
+    });
+}
