@@ -56,17 +56,23 @@ pub(crate) const E4M3_MAX: f32 = 448.0;
 pub(crate) const FP8_ACT_BLOCK: usize = 128;
 
 /// `v` rounded to the nearest E4M3 (e4m3fn) value, ties to even, after clamping to ±448.
-/// NaN stays NaN. Exact: every step is a power of two, so `v / step` is exact in f32.
+/// NaN stays NaN. Normal binades (2^-6..2^8) keep 3 mantissa bits: the f32 bits are rounded
+/// at bit 20, ties to even, a carry moving into the next binade as it should. Below 2^-6
+/// the subnormal step is 2^-9: adding and removing 1.5 * 2^14 (whose ulp is 2^-9) rounds to
+/// that step, ties to even, in f32's default rounding. Both are exact.
+#[inline]
 pub(crate) fn e4m3_round(v: f32) -> f32 {
     if v.is_nan() {
         return v;
     }
     let a = v.abs().min(E4M3_MAX);
-    // normal binades 2^-6..2^8 have 3 mantissa bits (step 2^(e-3)); below 2^-6 the
-    // subnormal step is 2^-9. The binade comes from the exponent bits (exact).
-    let e = ((a.to_bits() >> 23) & 0xff) as i32 - 127;
-    let step = f32::powi(2.0, e.max(-6) - 3);
-    ((a / step).round_ties_even() * step).copysign(v)
+    let r = if a >= 1.0 / 64.0 {
+        let b = a.to_bits();
+        f32::from_bits((b + 0x7_FFFF + ((b >> 20) & 1)) & !0xF_FFFF)
+    } else {
+        (a + 24576.0) - 24576.0
+    };
+    r.copysign(v)
 }
 
 /// The UE8M0 scale DeepSeek's `act_quant` picks for a block with largest magnitude
@@ -100,8 +106,10 @@ fn fp8_qdq_block(b: &mut [f32]) {
         return;
     }
     let s = fp8_act_scale(amax);
+    // s is a power of two in 2^-22..2^120, so 1 / s is exact and * (1 / s) equals / s
+    let inv = 1.0 / s;
     for v in b.iter_mut() {
-        *v = e4m3_round(*v / s) * s;
+        *v = e4m3_round(*v * inv) * s;
     }
 }
 
