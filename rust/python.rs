@@ -301,11 +301,11 @@ fn kernel_tier() -> &'static str {
     crate::kernels::tier_name()
 }
 
-/// Whether official numerics multiplies FP8/FP4 matrices with `vdpbf16ps` (AVX-512 tier on a
-/// CPU with avx512_bf16, unless `V4FLASH_BF16=off`).
+/// Whether fast and official numerics multiply FP8/FP4 matrices with `vdpbf16ps` (AVX-512
+/// tier on a CPU with avx512_bf16, unless `V4FLASH_BF16=off`).
 #[pyfunction]
-fn official_uses_bf16() -> bool {
-    crate::kernels::official_uses_bf16()
+fn bf16_products() -> bool {
+    crate::kernels::bf16_products()
 }
 
 /// Opens a checkpoint directory and validates its file structure; returns the tensor count.
@@ -691,7 +691,8 @@ impl PyModel {
         d.set_item("numerics", m.numerics.name())?;
         d.set_item(
             "bf16_products",
-            m.numerics.official() && crate::kernels::official_uses_bf16(),
+            matches!(m.numerics, Numerics::Fast | Numerics::Official)
+                && crate::kernels::bf16_products(),
         )?;
         let (kns, kflops) = crate::kernels::kernel_counters();
         d.set_item("kernel_s", kns as f64 * 1e-9)?;
@@ -902,7 +903,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let numerics: Vec<&str> = Numerics::ALL.iter().map(|n| n.name()).collect();
     m.add("NUMERICS", pyo3::types::PyTuple::new(m.py(), numerics)?)?;
     m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
-    m.add_function(wrap_pyfunction!(official_uses_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(bf16_products, m)?)?;
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(validate_config, m)?)?;
     m.add_function(wrap_pyfunction!(expected_tensors, m)?)?;

@@ -127,18 +127,18 @@ def test_numerics_is_reported_by_the_model_and_its_stats():
         model = model_for("tiny-a", numerics=m)
         assert model.numerics == m
         assert model.stats()["numerics"] == m
-        # only official has a kernel of its own, and only where the CPU has avx512_bf16
-        bf16 = m == "official" and v4flash._core.official_uses_bf16()
+        # fast and official take bf16 products where the CPU has avx512_bf16
+        bf16 = m in ("fast", "official") and v4flash._core.bf16_products()
         assert model.stats()["bf16_products"] is bf16
     assert model_for("tiny-a").numerics == "exact"
 
 
-def test_official_uses_bf16_products_where_the_cpu_has_them():
+def test_bf16_products_are_used_where_the_cpu_has_them():
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     has = " avx512_bf16" in flags and " avx512bw" in flags
     forced_off = os.environ.get("V4FLASH_BF16") in ("off", "0")
     tier_ok = v4flash.kernel_tier() == "avx512"
-    assert v4flash._core.official_uses_bf16() is (has and tier_ok and not forced_off)
+    assert v4flash._core.bf16_products() is (has and tier_ok and not forced_off)
 
 
 def test_an_unknown_mode_is_a_value_error_naming_the_choices():
@@ -168,6 +168,6 @@ def test_cli_numerics_option_reaches_the_engine_and_the_plan_line(capsys, mode):
     out = capsys.readouterr()
     assert code == 0, out.err
     assert f"{mode} numerics" in out.err
-    bf16 = mode == "official" and v4flash._core.official_uses_bf16()
+    bf16 = v4flash._core.bf16_products()
     assert ("(bf16 products)" in out.err) is bf16, out.err
     assert json.loads(out.out)["numerics"] == mode

@@ -328,8 +328,8 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exa
 
 
 def _products(numerics: str) -> str:
-    """How official numerics multiplies, when it has a kernel of its own."""
-    return " (bf16 products)" if numerics == "official" and _core.official_uses_bf16() else ""
+    """How fast and official numerics multiply, where the CPU has bf16 products."""
+    return " (bf16 products)" if numerics in ("fast", "official") and _core.bf16_products() else ""
 
 
 def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:

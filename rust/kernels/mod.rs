@@ -17,8 +17,8 @@
 //! the CPU lacks (or an unknown name) prints a one-time warning on stderr and uses the best
 //! available tier instead. `tier_name()` reports the choice.
 //!
-//! Official numerics multiplies FP8/FP4 matrices with `vdpbf16ps` on AVX-512 CPUs that
-//! have avx512_bf16 (`V4FLASH_BF16=off` keeps the f32 kernels; see `x86::bf16`).
+//! Fast and official numerics multiply FP8/FP4 matrices with `vdpbf16ps` on AVX-512 CPUs
+//! that have avx512_bf16 (`V4FLASH_BF16=off` turns it off; see `x86::bf16` and `matmul_in`).
 //!
 //! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
 //! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
@@ -126,8 +126,10 @@ pub enum Numerics {
     /// f32 activations everywhere (the mode the transformers oracle checks).
     #[default]
     Exact,
-    /// int8 activations (per 32-column block) for the FP4 expert products; everything else
-    /// as `Exact` (see `quant`).
+    /// Reduced-precision activations for the FP8/FP4 products, whichever is fastest on the
+    /// CPU: rounded to bf16 for `vdpbf16ps` where `bf16_products()` (relative error 2^-9
+    /// per activation), else int8 per 32-column block for the FP4 expert products only
+    /// (see `quant`); everything else as `Exact`.
     Fast,
     /// A measurement mode: DeepSeek's FP8 E4M3 activation round trip (blocks of 128,
     /// UE8M0 scale, `quant::fp8_act_qdq`) on the input of every FP8/FP4 product the model
@@ -139,7 +141,8 @@ pub enum Numerics {
     /// FP8 round trip of the non-rope dims of every window and compressed KV entry
     /// (`quant::fp8_kv_qdq`) and a Hadamard rotation then FP4 round trip of the lightning
     /// indexer's query and keys (`hadamard::rotate`, `quant::fp4_qdq`). `wo_a`, the router,
-    /// the head and the compressor projections stay unquantized, as in the reference.
+    /// the head and the compressor projections stay unquantized, as in the reference. Its
+    /// FP8/FP4 products run as `vdpbf16ps` where `bf16_products()`, exactly (`x86::bf16`).
     Official,
 }
 
@@ -178,10 +181,17 @@ impl Numerics {
     }
 }
 
-/// `matmul` in the given numerics: `Fast` takes the int8 path for FP4 matrices, `Fp8Act` and
-/// `Official` round x through FP8 before FP8 and FP4 matrices (`linear` in DeepSeek's
-/// reference `inference/model.py`: `act_quant(x, 128, ...)` before `fp8_gemm`/`fp4_gemm`);
-/// every other case is `matmul`.
+/// `matmul` in the given numerics (`linear` in DeepSeek's reference `inference/model.py`
+/// for `Fp8Act` and `Official`: `act_quant(x, 128, ...)` before `fp8_gemm`/`fp4_gemm`):
+///
+/// | numerics | FP8 / FP4 matrices, with bf16 products | without | other formats |
+/// |---|---|---|---|
+/// | `Exact` | f32 kernels | f32 kernels | f32 kernels |
+/// | `Fast` | x rounded to bf16, `vdpbf16ps` | FP4: int8 x per 32; FP8: f32 | f32 kernels |
+/// | `Fp8Act` | x through E4M3, f32 kernels | the same | f32 kernels |
+/// | `Official` | x through E4M3, `vdpbf16ps` | x through E4M3, f32 kernels | f32 kernels |
+///
+/// "With bf16 products" is `bf16_products()`.
 pub fn matmul_in(
     numerics: Numerics,
     m: &MatRef,
@@ -190,35 +200,39 @@ pub fn matmul_in(
     n: usize,
     y: &mut [f32],
 ) {
-    match (numerics, m.w) {
-        (Numerics::Fast, Weights::Fp4 { .. }) => {
-            check_args(m, &rows, x, n, y);
-            counted(m, &rows, n, || {
-                run_q8(active_tier(), m, rows.clone(), x, n, y)
-            });
-        }
-        (Numerics::Fp8Act | Numerics::Official, Weights::Fp8 { .. } | Weights::Fp4 { .. }) => {
-            check_args(m, &rows, x, n, y);
+    let quantized = matches!(m.w, Weights::Fp8 { .. } | Weights::Fp4 { .. });
+    if !quantized || numerics == Numerics::Exact {
+        return matmul(m, rows, x, n, y);
+    }
+    check_args(m, &rows, x, n, y);
+    let xq = match numerics {
+        Numerics::Fp8Act | Numerics::Official => {
             let mut xq = x.to_vec();
             quant::fp8_act_qdq(&mut xq, m.cols);
-            #[cfg(target_arch = "x86_64")]
-            if numerics == Numerics::Official {
-                if let Some(b) = bf16_kernel() {
-                    counted(m, &rows, n, || {
-                        x86::matmul_bf16(b, m, rows.clone(), &xq, n, y)
-                    });
-                    return;
-                }
-            }
-            matmul(m, rows, &xq, n, y)
+            Some(xq)
         }
-        _ => matmul(m, rows, x, n, y),
+        _ => None,
+    };
+    let xs = xq.as_deref().unwrap_or(x);
+    #[cfg(target_arch = "x86_64")]
+    if numerics != Numerics::Fp8Act {
+        if let Some(b) = bf16_kernel() {
+            return counted(m, &rows, n, || {
+                x86::matmul_bf16(b, m, rows.clone(), xs, n, y)
+            });
+        }
+    }
+    match (numerics, m.w) {
+        (Numerics::Fast, Weights::Fp4 { .. }) => counted(m, &rows, n, || {
+            run_q8(active_tier(), m, rows.clone(), x, n, y)
+        }),
+        _ => matmul(m, rows, xs, n, y),
     }
 }
 
-/// The `vdpbf16ps` kernels official numerics uses for FP8/FP4 products: when the active
-/// tier is AVX-512, the CPU has avx512_bf16 and `V4FLASH_BF16=off` is not set (decided
-/// once). See `x86::bf16` for why they lose nothing.
+/// The `vdpbf16ps` kernels fast and official numerics use for FP8/FP4 products: when the
+/// active tier is AVX-512, the CPU has avx512_bf16 and `V4FLASH_BF16=off` is not set
+/// (decided once). See `x86::bf16` for why official loses nothing to them.
 #[cfg(target_arch = "x86_64")]
 fn bf16_kernel() -> Option<x86::Bf16> {
     static B: OnceLock<Option<x86::Bf16>> = OnceLock::new();
@@ -231,9 +245,10 @@ fn bf16_kernel() -> Option<x86::Bf16> {
     })
 }
 
-/// Whether official numerics multiplies FP8/FP4 matrices with `vdpbf16ps` (else with the
-/// active tier's f32 kernels on the rounded activations).
-pub fn official_uses_bf16() -> bool {
+/// Whether fast and official numerics multiply FP8/FP4 matrices with `vdpbf16ps` (else:
+/// fast takes int8 activations for FP4 and f32 for FP8; official the f32 kernels on its
+/// rounded activations).
+pub fn bf16_products() -> bool {
     #[cfg(target_arch = "x86_64")]
     return bf16_kernel().is_some();
     #[cfg(not(target_arch = "x86_64"))]

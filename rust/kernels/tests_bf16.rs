@@ -1,8 +1,8 @@
 //! The `vdpbf16ps` path of official numerics: bit for bit against a scalar twin of the
 //! instruction's definition (two FMA steps per lane, element 2j + 1 then 2j), within the
-//! f32 error budget of the f64 reference, the determinism contract, and the dispatch.
-//! On a CPU without avx512_bf16 the tests check that the path refuses and official
-//! numerics keeps the f32 kernels.
+//! f32 error budget of the f64 reference, the determinism contract, and the dispatch of
+//! fast and official numerics. On a CPU without avx512_bf16 the tests check that the path
+//! refuses and both modes keep their other kernels.
 
 use super::quant::fp8_act_qdq;
 use super::tests::{make_x, Kind, Mat};
@@ -222,46 +222,82 @@ fn bf16_is_bit_identical_across_threads_tokens_and_row_ranges() {
 }
 
 #[test]
-fn official_numerics_dispatches_to_bf16_exactly_when_the_cpu_has_it() {
-    let m = Mat::new(Kind::Fp4, 40, 256, 2);
-    let mr = m.mat_ref();
-    let n = 3;
-    let xb = make_x(n, 256, 9);
-    let x = &xb[1..];
-    let mut xq = x.to_vec();
-    fp8_act_qdq(&mut xq, 256);
-    let mut off = vec![0f32; n * 40];
-    matmul_in(Numerics::Official, &mr, 0..40, x, n, &mut off);
-    let mut f32_path = vec![0f32; n * 40];
-    matmul(&mr, 0..40, &xq, n, &mut f32_path);
+fn fast_and_official_dispatch_to_bf16_exactly_when_the_cpu_has_it() {
     let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
-    match run_bf16(&mr, 0..40, &xq, n) {
-        Ok(b) => {
-            let want = if official_uses_bf16() { &b } else { &f32_path };
-            assert_eq!(bits(&off), bits(want), "official takes the path it reports");
-            assert_eq!(
-                official_uses_bf16(),
-                active_tier() == Tier::Avx512
-                    && !std::env::var("V4FLASH_BF16").is_ok_and(|v| v == "off" || v == "0"),
-            );
+    for kind in [Kind::Fp4, Kind::Fp8] {
+        let m = Mat::new(kind, 40, 256, 2);
+        let mr = m.mat_ref();
+        let n = 3;
+        let xb = make_x(n, 256, 9);
+        let x = &xb[1..];
+        let mut xq = x.to_vec();
+        fp8_act_qdq(&mut xq, 256);
+        let run = |mode: Numerics| {
+            let mut y = vec![0f32; n * 40];
+            matmul_in(mode, &mr, 0..40, x, n, &mut y);
+            y
+        };
+        let f32_on = |v: &[f32]| {
+            let mut y = vec![0f32; n * 40];
+            matmul(&mr, 0..40, v, n, &mut y);
+            y
+        };
+        // what fast takes without bf16 products: int8 for FP4, the f32 kernels for FP8
+        let fast_without = if kind == Kind::Fp4 {
+            let mut y = vec![0f32; n * 40];
+            matmul_q8_tier(active_tier(), &mr, 0..40, x, n, &mut y).unwrap();
+            y
+        } else {
+            f32_on(x)
+        };
+        match (run_bf16(&mr, 0..40, &xq, n), run_bf16(&mr, 0..40, x, n)) {
+            (Ok(off_b), Ok(fast_b)) => {
+                assert_eq!(
+                    bf16_products(),
+                    active_tier() == Tier::Avx512
+                        && !std::env::var("V4FLASH_BF16").is_ok_and(|v| v == "off" || v == "0"),
+                );
+                let (off_want, fast_want) = if bf16_products() {
+                    (off_b, fast_b)
+                } else {
+                    (f32_on(&xq), fast_without)
+                };
+                assert_eq!(
+                    bits(&run(Numerics::Official)),
+                    bits(&off_want),
+                    "{kind:?} official"
+                );
+                assert_eq!(
+                    bits(&run(Numerics::Fast)),
+                    bits(&fast_want),
+                    "{kind:?} fast"
+                );
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                assert!(e.contains("lacks avx512_bf16"), "{e}");
+                assert!(!bf16_products());
+                assert_eq!(
+                    bits(&run(Numerics::Official)),
+                    bits(&f32_on(&xq)),
+                    "{kind:?}"
+                );
+                assert_eq!(bits(&run(Numerics::Fast)), bits(&fast_without), "{kind:?}");
+            }
         }
-        Err(e) => {
-            assert!(e.contains("lacks avx512_bf16"), "{e}");
-            assert!(!official_uses_bf16());
-            assert_eq!(
-                bits(&off),
-                bits(&f32_path),
-                "without bf16 official is f32 on QDQ'd x"
-            );
-        }
+        // fp8-act, the measurement mode, always runs the f32 kernels; exact is exact
+        assert_eq!(bits(&run(Numerics::Fp8Act)), bits(&f32_on(&xq)));
+        assert_eq!(bits(&run(Numerics::Exact)), bits(&f32_on(x)));
     }
-    // fp8-act, the measurement mode, always runs the f32 kernels
-    let mut fa = vec![0f32; n * 40];
-    matmul_in(Numerics::Fp8Act, &mr, 0..40, x, n, &mut fa);
-    assert_eq!(bits(&fa), bits(&f32_path));
-    // other formats are refused
+    // other formats are refused here, and every mode multiplies them exactly
     let b = Mat::new(Kind::Bf16, 4, 64, 1);
     let mut y = vec![0f32; 4];
     let err = matmul_bf16(&b.mat_ref(), 0..4, &[0.0; 64], 1, &mut y).unwrap_err();
     assert!(err.contains("only for FP8 and FP4"), "{err}");
+    let xb = make_x(1, 64, 2);
+    let mut e = vec![0f32; 4];
+    matmul(&b.mat_ref(), 0..4, &xb[1..], 1, &mut e);
+    for mode in Numerics::ALL {
+        matmul_in(mode, &b.mat_ref(), 0..4, &xb[1..], 1, &mut y);
+        assert_eq!(bits(&y), bits(&e), "{}", mode.name());
+    }
 }

@@ -232,7 +232,10 @@ fn fast_falls_back_to_exact_for_other_formats_and_refuses_them_on_the_q8_entry()
     let mut b = vec![0f32; 10];
     matmul(&mr, 0..5, x, 2, &mut a);
     matmul_in(Numerics::Fast, &mr, 0..5, x, 2, &mut b);
-    assert_eq!(a, b);
+    // with bf16 products fast takes them for FP8 too (tests_bf16 checks that dispatch)
+    if !bf16_products() {
+        assert_eq!(a, b);
+    }
     let mut y = vec![0f32; 10];
     let err = matmul_q8_tier(Tier::Portable, &mr, 0..5, x, 2, &mut y).unwrap_err();
     assert!(err.contains("only for FP4"), "{err}");

@@ -23,7 +23,8 @@
 //!   high nibbles of its 16 bytes (the AVX-512 tier's FP4 group).
 //!
 //! FP8 weights decode through the AVX-512 tier's f16 route to e4m3 / 256 times the block
-//! scale; the `* 256` is applied to the sum, exactly.
+//! scale, then `vcvtne2ps2bf16`; the `* 256` is applied to the sum, exactly. FP4 weights
+//! are one `vpermw` of the nibbles into the E2M1 table times the block scale, in bf16.
 
 use super::super::driver::{run_tasks, task_split, view, Rows, RowsView, GROUP};
 use super::super::generic::Simd;
@@ -99,17 +100,36 @@ unsafe fn fp8_bh(a: Avx512, p: *const u8, sv: __m512) -> __m512bh {
     }
 }
 
-/// One FP4 scale block (16 bytes at p) as bf16 [16 even columns, 16 odd columns], values
-/// of the table `t` (E2M1 times the block scale, 16 f32).
+/// The E2M1 table times `scale` as 16 bf16 in the low half of a word table (`fp4_bh`).
+///
+/// # Safety
+/// The CPU has this tier's features.
+#[inline(always)]
+unsafe fn fp4_table(a: Avx512, scale: f32) -> __m512i {
+    // SAFETY: the caller's contract; __m256bh and __m256i are both 32-byte vectors and every
+    // bit pattern is valid for either.
+    unsafe {
+        let t = _mm512_cvtneps_pbh(a.mul(a.fp4_table(), a.splat(scale)));
+        _mm512_zextsi256_si512(std::mem::transmute::<__m256bh, __m256i>(t))
+    }
+}
+
+/// One FP4 scale block (16 bytes at p) as bf16 [16 even columns, 16 odd columns]: the
+/// nibbles widened to 16-bit indices, then one `vpermw` into `t` (`fp4_table`).
 ///
 /// # Safety
 /// The CPU has this tier's features; `p` is valid for reading 16 bytes.
 #[inline(always)]
-unsafe fn fp4_bh(a: Avx512, p: *const u8, t: __m512) -> __m512bh {
-    // SAFETY: the caller's contract.
+unsafe fn fp4_bh(p: *const u8, t: __m512i) -> __m512bh {
+    // SAFETY: the caller's contract (an unaligned 16-byte read); the transmute as in
+    // `load_bh`.
     unsafe {
-        let (lo, hi) = a.fp4(p, t);
-        _mm512_cvtne2ps_pbh(hi, lo)
+        let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast()));
+        let m = _mm256_set1_epi16(15);
+        let lo = _mm256_and_si256(b, m);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(b), m);
+        let idx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        std::mem::transmute::<__m512i, __m512bh>(_mm512_permutexvar_epi16(idx, t))
     }
 }
 
@@ -135,13 +155,12 @@ unsafe fn chunk(a: Avx512, rows: Rows, r: usize, cols: usize, c: usize) -> __m51
             unsafe { fp8_bh(a, v.as_ptr(), sv) }
         }
         Rows::Fp4 { q, scale } => {
-            let t = a.mul(
-                a.fp4_table(),
-                a.splat(e8m0_to_f32(scale[(r * cols + j) / 32])),
-            );
             let v = &q[(r * cols + j) / 2..][..CH / 2];
             // SAFETY: `v` holds 16 bytes; features by the caller's contract.
-            unsafe { fp4_bh(a, v.as_ptr(), t) }
+            unsafe {
+                let t = fp4_table(a, e8m0_to_f32(scale[(r * cols + j) / 32]));
+                fp4_bh(v.as_ptr(), t)
+            }
         }
         Rows::F32(_) | Rows::Bf16(_) => unreachable!("the bf16 path takes FP8 and FP4 rows"),
     }
@@ -157,7 +176,7 @@ unsafe fn rows_x1<const R: usize>(
     w: &RowsView,
     r0: usize,
     xb: &[u16],
-    tables: &[__m512; 256],
+    tables: &[__m512i; 256],
 ) -> [f32; R] {
     let cols = w.cols;
     let (full, nch) = (cols / CH, cols.div_ceil(CH));
@@ -178,7 +197,7 @@ unsafe fn rows_x1<const R: usize>(
                     let xv = load_bh(xp.add(c * CH));
                     for k in 0..R {
                         let t = tables[sc[k * (cols / 32) + c] as usize];
-                        let wv = fp4_bh(a, qp.add(k * cols / 2 + c * CH / 2), t);
+                        let wv = fp4_bh(qp.add(k * cols / 2 + c * CH / 2), t);
                         acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
                     }
                 }
@@ -223,15 +242,15 @@ const ROWS_X1: usize = 4;
 /// The CPU has the enabled features.
 unsafe fn dot_x1(a: Avx512, w: &RowsView, xb: &[u16], out: &mut [f32]) {
     // the FP4 table times every possible scale, so the loop only loads a block's table
-    let mut tables = [a.splat(0.0); 256];
-    if let Rows::Fp4 { .. } = w.rows {
-        for (b, t) in tables.iter_mut().enumerate() {
-            *t = a.mul(a.fp4_table(), a.splat(e8m0_to_f32(b as u8)));
-        }
-    }
     let mut r = 0;
     // SAFETY: the features by the caller's contract.
     unsafe {
+        let mut tables = [_mm512_setzero_si512(); 256];
+        if let Rows::Fp4 { .. } = w.rows {
+            for (b, t) in tables.iter_mut().enumerate() {
+                *t = fp4_table(a, e8m0_to_f32(b as u8));
+            }
+        }
         while r + ROWS_X1 <= w.nrows {
             out[r..r + ROWS_X1].copy_from_slice(&rows_x1::<ROWS_X1>(a, w, r, xb, &tables));
             r += ROWS_X1;
