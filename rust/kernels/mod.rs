@@ -10,7 +10,8 @@
 //!   bit-identical results;
 //! - `matmul` with n tokens gives, for every token, bit-identical results to `matmul` with
 //!   that token alone (the per-row accumulation order does not depend on n);
-//! - tiers may differ from each other at rounding level only.
+//! - tiers may differ from each other at rounding level only (except fast numerics, whose
+//!   activation rounding is bf16 with bf16 products and int8 per 32 columns without).
 //!
 //! Tier selection: the best tier the CPU supports, decided once.
 //! `V4FLASH_KERNELS=portable|neon|neon-dotprod|avx2|avx512` forces a tier; asking for one
