@@ -14,6 +14,7 @@ __all__ = [
     "NUMERICS",
     "PUBLISHED_CONFIG",
     "kernel_tier",
+    "bf16_products",
     "open_checkpoint",
     "validate_config",
     "expected_tensors",
@@ -38,6 +39,7 @@ class V4FlashError(Exception):
     """A checkpoint or config that v4flash cannot use."""
 
 def kernel_tier() -> str: ...
+def bf16_products() -> bool: ...
 def open_checkpoint(path: _Path) -> int: ...
 def validate_config(source: _Path | dict[str, Any]) -> dict[str, Any]: ...
 def expected_tensors(
