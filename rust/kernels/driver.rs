@@ -12,15 +12,19 @@
 //! ```
 //!
 //! Scales never enter the loop as a separate step: every UE8M0 scale is a power of two, so
-//! the decoded weight times its scale is exact (FP4: the 16-entry table is scaled per
-//! 32-block; FP8: each decoded chunk is multiplied by its 128x128 block's scale), and a
-//! single running FMA chain per row replaces per-block partial sums. FP8 decodes through f16
-//! to `e4m3 / 256` (see the SIMD tiers); the `* 256` is applied once at the end, which is
-//! exact.
+//! scaling is exact, and a single running FMA chain per row replaces per-block partial sums.
+//! FP4: the 16-entry table is scaled per 32-block. FP8: all rows of a task share one row of
+//! 128x128 block scales, so x is multiplied by them once per task (`scale_x`) and the kernels
+//! multiply unscaled decoded weights: `(w * s) * x` and `w * (x * s)` are the same exact
+//! product, so this is the same result with one multiply fewer per chunk (unless x * s falls
+//! below f32's normal range, 2^-126, where it loses bits, as `w * s` would below 2^-109
+//! scales). FP8 decodes through f16 to `e4m3 / 256` (see the SIMD tiers); the `* 256` is
+//! applied once at the end, which is exact.
 //! Because the n = 1 path and the n > 1 path perform this same sequence of operations on
 //! the same values, each token's result is bit-identical to computing it alone.
 
 use super::quant::quantize;
+use crate::dtype::e8m0_to_f32;
 use super::{MatRef, Weights};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -155,6 +159,25 @@ fn prep_x(m: &MatRef, x: &[f32], n: usize, cp: usize, lanes: usize) -> Vec<f32> 
     xp
 }
 
+/// xp [n, cp] with column c of every token times the FP8 block scale of c (`scale`: one
+/// row of 128x128 block scales, [ceil(cols / 128)]); the padding stays zero.
+fn scale_x(xp: &[f32], n: usize, cp: usize, cols: usize, scale: &[u8]) -> Vec<f32> {
+    let mut xs = vec![0f32; n * cp];
+    for (src, dst) in xp.chunks_exact(cp).zip(xs.chunks_exact_mut(cp)) {
+        for ((s, d), &sb) in src[..cols]
+            .chunks(128)
+            .zip(dst[..cols].chunks_mut(128))
+            .zip(scale)
+        {
+            let f = e8m0_to_f32(sb);
+            for (a, b) in s.iter().zip(d.iter_mut()) {
+                *b = a * f;
+            }
+        }
+    }
+    xs
+}
+
 /// Rows per parallel task: enough tasks to balance the pool, at most one FP8 row block.
 fn task_rows(nr: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
@@ -200,8 +223,16 @@ pub(crate) fn matmul<K: Kernel>(
 
     let post = if fp8 { 256.0 } else { 1.0 };
     run_tasks(task_split(&rows, fp8), rows.start, n, y, |tr, o| {
+        let scaled;
+        let xp: &[f32] = match view(m, tr.clone()).rows {
+            Rows::Fp8 { scale, .. } => {
+                scaled = scale_x(&xp, n, cp, m.cols, scale);
+                &scaled
+            }
+            _ => &xp,
+        };
         if n == 1 {
-            k.dot_x1(&view(m, tr.clone()), &xp, o);
+            k.dot_x1(&view(m, tr.clone()), xp, o);
         } else {
             let mut wbuf = vec![0f32; GROUP * cp];
             // the micro-kernel's accumulators, once per task (not once per row group)
@@ -212,7 +243,7 @@ pub(crate) fn matmul<K: Kernel>(
                 let gl = g1 - g0;
                 k.decode(&view(m, g0..g1), cp, &mut wbuf[..gl * cp]);
                 let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
-                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, &xp, n, oo, &mut accs);
+                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, xp, n, oo, &mut accs);
                 g0 = g1;
             }
         }

@@ -325,7 +325,7 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize) -> S::V {
             // SAFETY: `v` holds 2L bytes.
             unsafe { s.bf16(v.as_ptr()) }
         }
-        Rows::Fp8 { q, scale } => {
+        Rows::Fp8 { q, .. } => {
             let row = &q[r * cols..(r + 1) * cols];
             let mut b = [0u8; TAIL];
             let v = if n == l {
@@ -334,9 +334,9 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize) -> S::V {
                 b[..n].copy_from_slice(&row[j..]);
                 &b[..l]
             };
+            // unscaled: the driver multiplied x by the block scales (`driver::scale_x`)
             // SAFETY: `v` holds L bytes.
-            let w = unsafe { s.fp8(v.as_ptr()) };
-            s.mul(w, s.splat(e8m0_to_f32(scale[j / 128])))
+            unsafe { s.fp8(v.as_ptr()) }
         }
         Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
     }
@@ -401,19 +401,14 @@ fn rows_x1<S: Simd, const R: usize>(
         Rows::Fp8 { q, scale } => {
             assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
             let qp = q[r0 * cols..].as_ptr();
-            let per = 128 / l;
-            // 128-column blocks; all R rows share the block row's scale.
-            for (b, &sb) in scale.iter().enumerate() {
-                let sv = s.splat(e8m0_to_f32(sb));
-                for c in b * per..((b + 1) * per).min(full) {
-                    // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's L
-                    // bytes lie inside that row (rows asserted inside q above).
-                    unsafe {
-                        let xv = s.load(xpp.add(c * l));
-                        for k in 0..R {
-                            let w = s.mul(s.fp8(qp.add(k * cols + c * l)), sv);
-                            acc[k] = s.fma(w, xv, acc[k]);
-                        }
+            // the block scales are in xp already (`driver::scale_x`)
+            for c in 0..full {
+                // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's L
+                // bytes lie inside that row (rows asserted inside q above).
+                unsafe {
+                    let xv = s.load(xpp.add(c * l));
+                    for k in 0..R {
+                        acc[k] = s.fma(s.fp8(qp.add(k * cols + c * l)), xv, acc[k]);
                     }
                 }
             }
