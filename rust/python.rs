@@ -673,6 +673,10 @@ impl PyModel {
         d.set_item("decode_s", ld(&m.counters.decode_ns) as f64 * 1e-9)?;
         d.set_item("attn_s", ld(&m.counters.attn_ns) as f64 * 1e-9)?;
         d.set_item("moe_s", ld(&m.counters.moe_ns) as f64 * 1e-9)?;
+        d.set_item("lookahead", m.lookahead)?;
+        d.set_item("lookahead_guessed", ld(&m.counters.guessed))?;
+        d.set_item("lookahead_guessed_used", ld(&m.counters.guessed_used))?;
+        d.set_item("lookahead_needed", ld(&m.counters.guess_needed))?;
         d.set_item("head_s", ld(&m.counters.head_ns) as f64 * 1e-9)?;
         let e = m.experts.counters();
         d.set_item("expert_requests", ld(&e.requests))?;

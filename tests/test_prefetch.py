@@ -1,4 +1,6 @@
-"""The hash layers' experts are read ahead from the token ids, and those reads are used.
+"""The hash layers' experts are read ahead from the token ids, and those reads are used; the
+learned-routing layers' experts are guessed ahead of their attention (look-ahead), which
+changes no result.
 
 (A stronger form of tests/test_streaming.py::test_hash_layer_experts_are_prefetched, which
 checks only that prefetches were issued.)"""
@@ -27,7 +29,8 @@ def _tensor(root, name):
     return np.frombuffer(data, dtype=dtype).reshape(meta["shape"])
 
 
-def test_hash_layer_prefetches_are_exactly_the_routed_experts_and_all_are_used():
+def test_hash_layer_prefetches_are_exactly_the_routed_experts_and_all_are_used(monkeypatch):
+    monkeypatch.setenv("V4FLASH_LOOKAHEAD", "0")  # only the hash layers read ahead
     cfg = v4flash.load_config(TINY_A)
     tables = [_tensor(TINY_A, f"layers.{i}.ffn.gate.tid2eid") for i in range(cfg.num_hash_layers)]
     m = v4flash.load(TINY_A)  # room for every expert: nothing prefetched is evicted
@@ -51,3 +54,31 @@ def test_prefetches_are_used_under_cache_pressure():
     # read-aheads survive until their request (here: most); none is counted twice
     assert 0 < s["expert_prefetch_used"] <= s["expert_prefetches"]
     assert s["expert_prefetch_used"] <= s["expert_misses"]
+
+
+def _run(monkeypatch, lookahead, **kw):
+    monkeypatch.setenv("V4FLASH_LOOKAHEAD", lookahead)
+    m = v4flash.load(TINY_A, **kw)
+    prompt = [0, 5, 9, 17, 33, 2, 8, 100, 7, 21]
+    logits = m.logits(prompt)
+    out = m.generate(prompt, max_new_tokens=6, stop_ids=[])
+    return m, logits, out
+
+
+def test_lookahead_guesses_learned_layers_experts_and_changes_no_result(monkeypatch):
+    cfg = v4flash.load_config(TINY_A)
+    assert cfg.num_hash_layers < cfg.num_hidden_layers, "tiny-a must have learned-routing layers"
+    for kw in ({}, {"expert_cache_mb": 0.2}):
+        off, logits_off, out_off = _run(monkeypatch, "0", **kw)
+        on, logits_on, out_on = _run(monkeypatch, "1", **kw)
+        assert np.array_equal(logits_on, logits_off), kw
+        assert out_on == out_off, kw
+        s, s0 = on.stats(), off.stats()
+        assert s["lookahead"] and not s0["lookahead"]
+        assert s0["lookahead_guessed"] == 0 and s0["lookahead_needed"] == 0
+        # every forward pass of every learned layer guessed: at least one expert each
+        passes = 2 + 6 - 1  # logits, the prompt of generate, then one per new token but the last
+        assert s["lookahead_guessed"] >= passes * (cfg.num_hidden_layers - cfg.num_hash_layers)
+        assert 0 < s["lookahead_guessed_used"] <= min(s["lookahead_guessed"], s["lookahead_needed"])
+        # the guesses were read ahead (beyond the hash layers' reads, which off also makes)
+        assert s["expert_prefetches"] > s0["expert_prefetches"], kw

@@ -24,8 +24,8 @@
 //! the same values, each token's result is bit-identical to computing it alone.
 
 use super::quant::quantize;
-use crate::dtype::e8m0_to_f32;
 use super::{MatRef, Weights};
+use crate::dtype::e8m0_to_f32;
 use rayon::prelude::*;
 use std::ops::Range;
 

@@ -53,6 +53,11 @@ pub struct Counters {
     pub attn_ns: AtomicU64,
     pub moe_ns: AtomicU64,
     pub head_ns: AtomicU64,
+    /// Look-ahead of learned-routing layers (`run_layer`): experts guessed and prefetched,
+    /// how many of them the layer then used, and how many distinct experts those layers used.
+    pub guessed: AtomicU64,
+    pub guessed_used: AtomicU64,
+    pub guess_needed: AtomicU64,
 }
 
 /// Context length when none is given: the memory plan reserves session state for it.
@@ -93,6 +98,9 @@ pub struct Model {
     pub plan: Plan,
     /// Numerics mode of every forward pass.
     pub numerics: Numerics,
+    /// Whether learned-routing layers prefetch their guessed experts before their attention
+    /// (`run_layer`): when the store has a cache to fill and `V4FLASH_LOOKAHEAD=0` is not set.
+    pub lookahead: bool,
     pub pool: rayon::ThreadPool,
     pub threads: usize,
     /// Maximum tokens per session.
@@ -171,6 +179,8 @@ impl Model {
                 prefault: crate::store::region::prefault_enabled(),
             },
         )?;
+        let lookahead =
+            experts.can_prefetch() && std::env::var("V4FLASH_LOOKAHEAD").map_or(true, |v| v != "0");
         let embed = ld.dense("embed")?;
         let head = ld.dense("head")?;
         let norm = ld.floats("norm.weight")?;
@@ -203,6 +213,7 @@ impl Model {
             threads,
             ctx,
             numerics: opts.numerics,
+            lookahead,
             resident_bytes,
             counters: Counters::default(),
             id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
@@ -425,6 +436,22 @@ impl Model {
         let stream = hcm * h;
         let mut ffn_mixes = Vec::with_capacity(n);
         let mut ffn_in = vec![0f32; n * h]; // [n, H]
+                                            // Look-ahead: a learned-routing layer's experts are known only after its attention.
+                                            // Guess them from the layer's input (the FFN's mix, norm and router applied to the
+                                            // pre-attention streams) and start reading them, so the reads overlap the attention.
+                                            // A guess only warms the expert cache; no result depends on it.
+        let guess = if self.lookahead {
+            pool.install(|| {
+                let (_, y) = self.hc_in(&layer.hc_ffn, &layer.ffn_norm, x, n);
+                layer.moe.guess_experts(c, &y, n)
+            })
+        } else {
+            None
+        };
+        if let Some(es) = &guess {
+            let cap = (self.experts.max_batch() / 2).max(1);
+            self.experts.prefetch(l, &es[..es.len().min(cap)]);
+        }
         for a in (0..n).step_by(chunk) {
             if cancel() {
                 return Err(Error::Cancelled);
@@ -445,12 +472,28 @@ impl Model {
             ffn_mixes.extend(mixes);
         }
         let t0 = Instant::now();
-        let f = layer
-            .moe
-            .forward(c, l, &self.experts, pool, self.numerics, &ffn_in, ids, n)?;
+        let (f, used) =
+            layer
+                .moe
+                .forward(c, l, &self.experts, pool, self.numerics, &ffn_in, ids, n)?;
         self.counters
             .moe_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some(es) = &guess {
+            // both ascending: count the guesses the layer used
+            let (mut i, mut hit) = (0, 0);
+            for e in es {
+                while i < used.len() && used[i] < *e {
+                    i += 1;
+                }
+                hit += usize::from(i < used.len() && used[i] == *e);
+            }
+            let cn = &self.counters;
+            cn.guessed.fetch_add(es.len() as u64, Ordering::Relaxed);
+            cn.guessed_used.fetch_add(hit as u64, Ordering::Relaxed);
+            cn.guess_needed
+                .fetch_add(used.len() as u64, Ordering::Relaxed);
+        }
         hc_out(x, &f, &ffn_mixes, hcm);
         Ok(())
     }

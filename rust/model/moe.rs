@@ -62,8 +62,27 @@ impl MoeWeights {
         Some(v)
     }
 
+    /// A guess at the experts a learned-routing layer will use, from `y` [n, H] (the caller
+    /// passes the layer's pre-attention input through the FFN's mix and norm; the real input
+    /// differs by the attention's output): this layer's router on it, the union of every
+    /// token's top k, ascending. None for hash layers (their experts are known exactly).
+    /// Only for prefetching: nothing computed depends on it.
+    pub fn guess_experts(&self, c: &ModelConfig, y: &[f32], n: usize) -> Option<Vec<usize>> {
+        if self.tid2eid.is_some() {
+            return None;
+        }
+        let mut v: Vec<usize> = self
+            .route(c, y, &[], n)
+            .into_iter()
+            .flat_map(|r| r.into_iter().map(|(e, _)| e))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    }
+
     /// Routing for n tokens: per token, the (expert, weight) pairs. Pure compute (run it on
-    /// the pool).
+    /// the pool). `ids` is read only by hash layers.
     fn route(&self, c: &ModelConfig, y: &[f32], ids: &[u32], n: usize) -> Vec<Vec<(usize, f32)>> {
         let (k, ne) = (c.experts_per_tok, c.n_routed_experts);
         let logits = self.gate.forward(y, n); // [n, E]
@@ -105,7 +124,8 @@ impl MoeWeights {
         routes
     }
 
-    /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H].
+    /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H] and the distinct
+    /// experts used, ascending.
     ///
     /// Runs on the caller's thread, never on `pool`: waiting for experts (`acquire`,
     /// `wait_any`) happens here, and only pure compute is handed to the pool, so no pool
@@ -121,7 +141,7 @@ impl MoeWeights {
         y: &[f32],
         ids: &[u32],
         n: usize,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<(Vec<f32>, Vec<usize>)> {
         let (h, ne) = (c.hidden_size, c.n_routed_experts);
         let routes = pool.install(|| self.route(c, y, ids, n));
         // expert-major: each distinct expert once per chunk. Reads for a whole wave are
@@ -193,7 +213,7 @@ impl MoeWeights {
         for (r, s) in routed.iter_mut().zip(&shared) {
             *r += s;
         }
-        Ok(routed)
+        Ok((routed, distinct))
     }
 
     /// The shared expert's output [n, H] for y [n, H].

@@ -318,6 +318,11 @@ impl ExpertStore {
             .collect())
     }
 
+    /// Whether `prefetch` can do anything (a slot cache; mmap has none).
+    pub fn can_prefetch(&self) -> bool {
+        matches!(self.backend, Backend::Slots(_))
+    }
+
     /// Starts reading experts that will be needed soon (hash layers: known from the token id)
     /// without pinning them; skipped when no slot can be given up now or a caller waits.
     pub fn prefetch(&self, layer: usize, experts: &[usize]) {
