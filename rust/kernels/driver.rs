@@ -13,13 +13,15 @@
 //!
 //! Scales never enter the loop as a separate step: every UE8M0 scale is a power of two, so
 //! scaling is exact, and a single running FMA chain per row replaces per-block partial sums.
-//! FP4: the 16-entry table is scaled per 32-block. FP8: all rows of a task share one row of
-//! 128x128 block scales, so x is multiplied by them once per task (`scale_x`) and the kernels
-//! multiply unscaled decoded weights: `(w * s) * x` and `w * (x * s)` are the same exact
-//! product, so this is the same result with one multiply fewer per chunk (unless x * s falls
-//! below f32's normal range, 2^-126, where it loses bits, as `w * s` would below 2^-109
-//! scales). FP8 decodes through f16 to `e4m3 / 256` (see the SIMD tiers); the `* 256` is
-//! applied once at the end, which is exact.
+//! FP4: the 16-entry table is scaled per 32-block. FP8, prefill: each decoded chunk is
+//! multiplied by its 128x128 block's scale s. FP8, one token: all rows of a task share one
+//! row of block scales, so x is multiplied by them once per task (`scale_x`) and the kernel
+//! multiplies unscaled decoded weights, one multiply fewer per chunk. `(w * s) * x` and
+//! `w * (x * s)` are the same exact product as long as x * s stays in f32's normal range
+//! (|x * s| >= 2^-126 or 0; activations are O(1) and scales near 2^-8, so only exact zeros
+//! come near it): then the FMA chains round the same values and both paths agree to the bit.
+//! FP8 decodes through f16 to `e4m3 / 256` (see the SIMD tiers); the `* 256` is applied once
+//! at the end, which is exact.
 //! Because the n = 1 path and the n > 1 path perform this same sequence of operations on
 //! the same values, each token's result is bit-identical to computing it alone.
 
@@ -223,9 +225,11 @@ pub(crate) fn matmul<K: Kernel>(
 
     let post = if fp8 { 256.0 } else { 1.0 };
     run_tasks(task_split(&rows, fp8), rows.start, n, y, |tr, o| {
+        // one token, FP8: the block scales go into x (`scale_x`); prefill scales the
+        // decoded weights instead (a [n, cols] copy per task would cost more than it saves)
         let scaled;
         let xp: &[f32] = match view(m, tr.clone()).rows {
-            Rows::Fp8 { scale, .. } => {
+            Rows::Fp8 { scale, .. } if n == 1 => {
                 scaled = scale_x(&xp, n, cp, m.cols, scale);
                 &scaled
             }

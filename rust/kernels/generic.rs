@@ -296,9 +296,11 @@ fn st<S: Simd>(s: S, v: &mut [f32], i: usize, a: S::V) {
 /// Room for the zero-padded last chunk of a row (L <= 16).
 const TAIL: usize = 32;
 
-/// Chunk c of row r (of `cols` columns), decoded; the last one zero padded. Not FP4.
+/// Chunk c of row r (of `cols` columns), decoded; the last one zero padded. Not FP4. FP8
+/// times its block scale if `fp8_scaled` (the prefill path), else unscaled (the one-token
+/// path, whose x the driver scaled).
 #[inline(always)]
-fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize) -> S::V {
+fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8_scaled: bool) -> S::V {
     let l = S::LANES;
     let j = c * l;
     let n = l.min(cols - j);
@@ -325,7 +327,7 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize) -> S::V {
             // SAFETY: `v` holds 2L bytes.
             unsafe { s.bf16(v.as_ptr()) }
         }
-        Rows::Fp8 { q, .. } => {
+        Rows::Fp8 { q, scale } => {
             let row = &q[r * cols..(r + 1) * cols];
             let mut b = [0u8; TAIL];
             let v = if n == l {
@@ -334,9 +336,13 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize) -> S::V {
                 b[..n].copy_from_slice(&row[j..]);
                 &b[..l]
             };
-            // unscaled: the driver multiplied x by the block scales (`driver::scale_x`)
             // SAFETY: `v` holds L bytes.
-            unsafe { s.fp8(v.as_ptr()) }
+            let w = unsafe { s.fp8(v.as_ptr()) };
+            if fp8_scaled {
+                s.mul(w, s.splat(e8m0_to_f32(scale[j / 128])))
+            } else {
+                w // the one-token path: the driver put the block scales in x
+            }
         }
         Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
     }
@@ -446,7 +452,7 @@ fn rows_x1<S: Simd, const R: usize>(
     if !matches!(w.rows, Rows::Fp4 { .. }) && full * l < cols {
         let xv = ld(s, xp, full * l);
         for k in 0..R {
-            acc[k] = s.fma(chunk(s, w.rows, r0 + k, cols, full), xv, acc[k]);
+            acc[k] = s.fma(chunk(s, w.rows, r0 + k, cols, full, false), xv, acc[k]);
         }
     }
     let mut out = [0f32; R];
@@ -493,7 +499,7 @@ pub(crate) fn decode<S: Simd>(s: S, w: &RowsView, stride: usize, wbuf: &mut [f32
             }
         } else {
             for c in 0..cp / l {
-                st(s, row, c * l, chunk(s, w.rows, r, cols, c));
+                st(s, row, c * l, chunk(s, w.rows, r, cols, c, true));
             }
         }
     }

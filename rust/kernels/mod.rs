@@ -9,7 +9,8 @@
 //! - output rows are independent; threads split rows, so any thread count gives
 //!   bit-identical results;
 //! - `matmul` with n tokens gives, for every token, bit-identical results to `matmul` with
-//!   that token alone (the per-row accumulation order does not depend on n);
+//!   that token alone (the per-row accumulation order does not depend on n; FP8: as long as
+//!   no activation times its block scale is an f32 subnormal, see `driver`);
 //! - tiers may differ from each other at rounding level only (except fast numerics, whose
 //!   activation rounding is bf16 with bf16 products and int8 per 32 columns without).
 //!
