@@ -371,7 +371,9 @@ def load(
     where the OS allows it, else buffered), ``buffered`` (the portable pread path) or
     ``mmap``; ``cache_policy`` is ``freq-decay`` or ``lru``. ``numerics`` is one of
     ``NUMERICS``: ``exact`` (float32 activations, the mode checked against the reference),
-    ``fast`` (int8 activations per 32-column block for the FP4 expert products) or
+    ``fast`` (bf16 activations and ``vdpbf16ps`` products for every FP8/FP4 product where the
+    CPU has avx512_bf16, else int8 activations per 32-column block for the FP4 expert
+    products) or
     ``fp8-act`` (DeepSeek's FP8 activation round trip before every FP8/FP4 product, a
     yardstick) or ``official`` (what DeepSeek's reference inference computes: that round trip,
     plus FP8 KV entries and a Hadamard-rotated FP4 indexer); ``benches/fidelity.py`` and
