@@ -227,16 +227,17 @@ pub(crate) fn matmul<K: Kernel>(
     run_tasks(task_split(&rows, fp8), rows.start, n, y, |tr, o| {
         // one token, FP8: the block scales go into x (`scale_x`); prefill scales the
         // decoded weights instead (a [n, cols] copy per task would cost more than it saves)
-        let scaled;
-        let xp: &[f32] = match view(m, tr.clone()).rows {
-            Rows::Fp8 { scale, .. } if n == 1 => {
-                scaled = scale_x(&xp, n, cp, m.cols, scale);
-                &scaled
-            }
-            _ => &xp,
-        };
         if n == 1 {
-            k.dot_x1(&view(m, tr.clone()), xp, o);
+            let v = view(m, tr.clone());
+            let scaled;
+            let xp: &[f32] = match v.rows {
+                Rows::Fp8 { scale, .. } => {
+                    scaled = scale_x(&xp, 1, cp, m.cols, scale);
+                    &scaled
+                }
+                _ => &xp,
+            };
+            k.dot_x1(&v, xp, o);
         } else {
             let mut wbuf = vec![0f32; GROUP * cp];
             // the micro-kernel's accumulators, once per task (not once per row group)
@@ -247,7 +248,7 @@ pub(crate) fn matmul<K: Kernel>(
                 let gl = g1 - g0;
                 k.decode(&view(m, g0..g1), cp, &mut wbuf[..gl * cp]);
                 let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
-                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, xp, n, oo, &mut accs);
+                k.gemm(&wbuf[..gl * cp], gl, m.cols, cp, &xp, n, oo, &mut accs);
                 g0 = g1;
             }
         }
