@@ -3,7 +3,7 @@
 //! FP8 goes through f16 like the AVX-512 tier (`vcvtph2ps` from F16C). FP4: `vpermps` picks
 //! the scaled magnitude from an 8-entry table by the low 3 bits of the nibble, and the
 //! nibble's sign bit is moved to bit 31 and xored in. Column groups are 16 wide
-//! ([8 even, 8 odd]), matching `prep_x` with 8 lanes. Four rows share each x load in the
+//! ([8 even, 8 odd]), matching `prep_x` with 8 lanes. Eight rows share each x load in the
 //! one-token path; the prefill micro-kernel runs 4 rows x 3 tokens (12 accumulators of 16
 //! registers).
 
@@ -29,7 +29,7 @@ impl Avx2 {
 simd_kernel!(
     Avx2,
     features = "avx2,fma,f16c",
-    rows_x1 = 4,
+    rows_x1 = 8,
     gemm_rows = 4,
     gemm_tokens = 3,
     q8_rows = 4,
@@ -112,6 +112,13 @@ impl Simd for Avx2 {
             let b = _mm_loadu_si128(p.cast());
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(b)))
         }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, p: *const u8) {
+        // SAFETY: see the impl; `prefetcht0` reads nothing architecturally and never faults,
+        // whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
 
     /// The first 8 E2M1 entries: the magnitudes (`fp4` applies the sign bit).

@@ -3,7 +3,7 @@
 //! FP8: 16 bytes sign-extended to 16-bit lanes, `(s << 7) & 0xBF80` is the f16 of e4m3/256
 //! (subnormals included, no f32 denormals), then `vcvtph2ps`. FP4: the 16-entry E2M1 table
 //! times the block scale sits in one register and `vpermps` picks by nibble; column groups
-//! are 32 wide ([16 even, 16 odd]). Four rows share each x load in the one-token path; the
+//! are 32 wide ([16 even, 16 odd]). Eight rows share each x load in the one-token path; the
 //! prefill micro-kernel runs 8 rows x 3 tokens (24 accumulators of 32 registers).
 
 use super::super::driver::RowsView;
@@ -31,7 +31,7 @@ impl Avx512 {
 simd_kernel!(
     Avx512,
     features = "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
-    rows_x1 = 4,
+    rows_x1 = 8,
     gemm_rows = 4,
     gemm_tokens = 6,
     q8_rows = 4,
@@ -121,6 +121,13 @@ impl Simd for Avx512 {
             let b = _mm256_loadu_si256(p.cast());
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b)))
         }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, p: *const u8) {
+        // SAFETY: see the impl; `prefetcht0` reads nothing architecturally and never faults,
+        // whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
 
     #[inline(always)]
