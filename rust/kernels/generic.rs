@@ -50,6 +50,15 @@ pub(crate) trait Simd: Copy {
     /// # Safety
     /// `p` is valid for reading L bytes.
     unsafe fn fp8(self, p: *const u8) -> Self::V;
+    /// 2L bytes of e4m3: `(fp8(p), fp8(p + L))`, which a tier may decode in one pass.
+    ///
+    /// # Safety
+    /// `p` is valid for reading 2L bytes.
+    #[inline(always)]
+    unsafe fn fp8_pair(self, p: *const u8) -> (Self::V, Self::V) {
+        // SAFETY: the caller's contract covers both halves.
+        unsafe { (self.fp8(p), self.fp8(p.add(Self::LANES))) }
+    }
     /// 2L bytes of little-endian bf16.
     ///
     /// # Safety
@@ -65,8 +74,14 @@ pub(crate) trait Simd: Copy {
     }
     /// The E2M1 values in the form `fp4` looks them up in (before scaling).
     fn fp4_table(self) -> Self::V;
+    /// The table `fp4` takes for a block of scale `scale`: `fp4_table` times it, in the
+    /// form the tier's `fp4` expects (a tier may store it transformed).
+    #[inline(always)]
+    fn fp4_scaled_table(self, scale: f32) -> Self::V {
+        self.mul(self.fp4_table(), self.splat(scale))
+    }
     /// L packed e2m1 bytes: (low nibbles, high nibbles) as values of `t`, which is
-    /// `fp4_table` times a block scale.
+    /// `fp4_scaled_table` of the block's scale.
     ///
     /// # Safety
     /// `p` is valid for reading L bytes.
@@ -367,10 +382,7 @@ fn fp4_pair<S: Simd>(
     g: usize,
 ) -> (S::V, S::V) {
     let l = S::LANES;
-    let t = s.mul(
-        s.fp4_table(),
-        s.splat(e8m0_to_f32(scale[(r * cols + 2 * g * l) / 32])),
-    );
+    let t = s.fp4_scaled_table(e8m0_to_f32(scale[(r * cols + 2 * g * l) / 32]));
     let b = &q[r * cols / 2 + g * l..][..l];
     // SAFETY: `b` holds L bytes.
     unsafe { s.fp4(b.as_ptr(), t) }
@@ -440,11 +452,25 @@ fn rows_x1<S: Simd, const R: usize>(
         Rows::Fp8 { q, scale } => {
             assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
             let qp = q[r0 * cols..].as_ptr();
-            // the block scales are in xp already (`driver::scale_x`)
-            for c in 0..full {
-                prefetch_next(s, qp.wrapping_add(R * cols), R * cols, c, full);
-                // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's L
+            // the block scales are in xp already (`driver::scale_x`); two chunks per step
+            // (`fp8_pair`), each row's FMAs still in chunk order
+            let mut c = 0;
+            while c + 2 <= full {
+                prefetch_next(s, qp.wrapping_add(R * cols), R * cols, c / 2, full / 2);
+                // SAFETY: (c + 2)L <= cols, so both x chunks are inside xp and each row's 2L
                 // bytes lie inside that row (rows asserted inside q above).
+                unsafe {
+                    let (x0, x1) = (s.load(xpp.add(c * l)), s.load(xpp.add((c + 1) * l)));
+                    for k in 0..R {
+                        let (w0, w1) = s.fp8_pair(qp.add(k * cols + c * l));
+                        acc[k] = s.fma(w0, x0, acc[k]);
+                        acc[k] = s.fma(w1, x1, acc[k]);
+                    }
+                }
+                c += 2;
+            }
+            if c < full {
+                // SAFETY: cL + L <= cols, as above, for one chunk.
                 unsafe {
                     let xv = s.load(xpp.add(c * l));
                     for k in 0..R {
@@ -506,7 +532,7 @@ pub(crate) fn dot_x1<S: Simd, const R: usize>(s: S, w: &RowsView, xp: &[f32], ou
     let mut tables = [s.splat(0.0); 256];
     if let Rows::Fp4 { .. } = w.rows {
         for (b, t) in tables.iter_mut().enumerate() {
-            *t = s.mul(s.fp4_table(), s.splat(e8m0_to_f32(b as u8)));
+            *t = s.fp4_scaled_table(e8m0_to_f32(b as u8));
         }
     }
     let mut r = 0;

@@ -114,6 +114,23 @@ impl Simd for Avx512 {
         }
     }
 
+    /// 32 bytes widened and shifted as one 512-bit vector, then converted in two halves.
+    #[inline(always)]
+    unsafe fn fp8_pair(self, p: *const u8) -> (__m512, __m512) {
+        // SAFETY: see the impl; `p` is valid for 32 bytes (caller), read unaligned.
+        unsafe {
+            let s = _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.cast()));
+            let h = _mm512_and_si512(
+                _mm512_slli_epi16::<7>(s),
+                _mm512_set1_epi16(0xBF80u16 as i16),
+            );
+            (
+                _mm512_cvtph_ps(_mm512_castsi512_si256(h)),
+                _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h)),
+            )
+        }
+    }
+
     #[inline(always)]
     unsafe fn bf16(self, p: *const u8) -> __m512 {
         // SAFETY: see the impl; `p` is valid for 32 bytes (caller), read unaligned.
