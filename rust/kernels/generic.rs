@@ -388,18 +388,20 @@ fn fp4_pair<S: Simd>(
     unsafe { s.fp4(b.as_ptr(), t) }
 }
 
-/// Step `i` of `n` over the current R-row block of the one-token path: prefetches the
-/// i-th n-th of the next block (`bytes` bytes from `next`, the rows that follow, contiguous
-/// in the checkpoint layout). Measured on Zen 5: with short rows (1-8 KiB) the hardware
-/// prefetchers stop at each row's end, so without this a block of R row streams waits on
-/// DRAM at every row start; the next block as one stream, spread over the current block's
-/// steps, keeps the reads ahead (FP4 4096x4096 decode 34 -> 72 % of the streaming read on
-/// 2 threads, with 8 rows). Past the last block it prefetches the next task's rows, or
-/// nothing useful: harmless (see `Simd::prefetch`).
+/// Step `i` over the current R-row block of the one-token path, which reads `step` bytes
+/// of the block per step (R rows times each row's bytes per step): prefetches the same
+/// share of the next block, bytes i * step..(i + 1) * step from `next` (the rows that
+/// follow, contiguous in the checkpoint layout, the same size), so the next block arrives
+/// as one stream while this one is computed. Measured on Zen 5: with short rows (1-8 KiB)
+/// the hardware prefetchers stop at each row's end, so without this every block of R row
+/// streams waits on DRAM at its start (FP4 4096x4096 decode: 34 -> 72 % of the streaming
+/// read on 2 threads, with 8 rows). Past the last block it prefetches the next task's
+/// rows, or nothing useful: harmless (see `Simd::prefetch`). No division: this runs in the
+/// inner loop.
 #[inline(always)]
-fn prefetch_next<S: Simd>(s: S, next: *const u8, bytes: usize, i: usize, n: usize) {
-    let mut o = (i * bytes / n).next_multiple_of(64);
-    let end = (i + 1) * bytes / n;
+fn prefetch_next<S: Simd>(s: S, next: *const u8, step: usize, i: usize) {
+    let mut o = (i * step).next_multiple_of(64);
+    let end = (i + 1) * step;
     while o < end {
         s.prefetch(next.wrapping_add(o));
         o += 64;
@@ -425,15 +427,15 @@ fn rows_x1<S: Simd, const R: usize>(
     let mut acc = [s.splat(0.0); R];
     match w.rows {
         Rows::Fp4 { q, scale } => {
-            let (rb, nb, ng) = (cols / 2, cols / 32, cols / (2 * l));
+            let (rb, nb) = (cols / 2, cols / 32);
             assert!(q.len() >= (r0 + R) * rb && scale.len() >= (r0 + R) * nb);
             let qp = q[r0 * rb..].as_ptr();
             let sp = scale[r0 * nb..].as_ptr();
-            for g in 0..ng {
+            for g in 0..cols / (2 * l) {
                 // SAFETY: g < cols / 2L, so xp[2gL..2gL + 2L] is inside xp (len >= cols).
                 let (xe, xo) =
                     unsafe { (s.load(xpp.add(2 * g * l)), s.load(xpp.add((2 * g + 1) * l))) };
-                prefetch_next(s, qp.wrapping_add(R * rb), R * rb, g, ng);
+                prefetch_next(s, qp.wrapping_add(R * rb), R * l, g);
                 let b = 2 * g * l / 32;
                 for k in 0..R {
                     // SAFETY: k < R and b < nb, so the scale byte lies in the rows asserted
@@ -456,7 +458,7 @@ fn rows_x1<S: Simd, const R: usize>(
             // (`fp8_pair`), each row's FMAs still in chunk order
             let mut c = 0;
             while c + 2 <= full {
-                prefetch_next(s, qp.wrapping_add(R * cols), R * cols, c / 2, full / 2);
+                prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
                 // SAFETY: (c + 2)L <= cols, so both x chunks are inside xp and each row's 2L
                 // bytes lie inside that row (rows asserted inside q above).
                 unsafe {
@@ -483,7 +485,7 @@ fn rows_x1<S: Simd, const R: usize>(
             assert!(d.len() >= (r0 + R) * cols * 2);
             let dp = d[r0 * cols * 2..].as_ptr();
             for c in 0..full {
-                prefetch_next(s, dp.wrapping_add(2 * R * cols), 2 * R * cols, c, full);
+                prefetch_next(s, dp.wrapping_add(2 * R * cols), 2 * R * l, c);
                 // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's 2L
                 // bytes lie inside that row (rows asserted inside d above).
                 unsafe {
@@ -499,7 +501,7 @@ fn rows_x1<S: Simd, const R: usize>(
             assert!(d.len() >= (r0 + R) * cols);
             let dp = d[r0 * cols..].as_ptr();
             for c in 0..full {
-                prefetch_next(s, dp.wrapping_add(R * cols).cast(), 4 * R * cols, c, full);
+                prefetch_next(s, dp.wrapping_add(R * cols).cast(), 4 * R * l, c);
                 // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's L
                 // floats lie inside that row (rows asserted inside d above).
                 unsafe {
