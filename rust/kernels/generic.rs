@@ -168,42 +168,27 @@ macro_rules! simd_kernel {
                 unsafe { go(self, w, xp, out) }
             }
 
-            fn decode(self, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
-                /// # Safety
-                /// The CPU must have the enabled features.
-                $(#[target_feature(enable = $feat)])?
-                unsafe fn go(s: $tier, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
-                    $crate::kernels::generic::decode(s, w, stride, wbuf)
-                }
-                // SAFETY: as in `dot_x1`.
-                unsafe { go(self, w, stride, wbuf) }
-            }
-
             fn gemm(
                 self,
-                wbuf: &[f32],
-                nrows: usize,
-                cols: usize,
-                stride: usize,
-                xp: &[f32],
-                n: usize,
+                w: &RowsView,
+                x: (&[f32], usize, usize),
                 out: &mut [f32],
                 accs: &mut [f32],
+                pbuf: &mut [f32],
             ) {
                 /// # Safety
                 /// The CPU must have the enabled features.
                 $(#[target_feature(enable = $feat)])?
                 unsafe fn go(
                     s: $tier,
-                    (wbuf, nrows, cols, stride): (&[f32], usize, usize, usize),
-                    (xp, n, out, accs): (&[f32], usize, &mut [f32], &mut [f32]),
+                    w: &RowsView,
+                    x: (&[f32], usize, usize),
+                    (out, accs, pbuf): (&mut [f32], &mut [f32], &mut [f32]),
                 ) {
-                    $crate::kernels::generic::gemm::<_, $rg, $tg>(
-                        s, wbuf, nrows, cols, stride, xp, n, out, accs,
-                    )
+                    $crate::kernels::generic::gemm::<_, $rg, $tg>(s, w, x, out, accs, pbuf)
                 }
                 // SAFETY: as in `dot_x1`.
-                unsafe { go(self, (wbuf, nrows, cols, stride), (xp, n, out, accs)) }
+                unsafe { go(self, w, x, (out, accs, pbuf)) }
             }
 
             fn dot_q8_x1(self, w: &RowsView, xq: &[i8], xd: &[f32], out: &mut [f32]) {
@@ -548,69 +533,74 @@ pub(crate) fn dot_x1<S: Simd, const R: usize>(s: S, w: &RowsView, xp: &[f32], ou
     }
 }
 
-/// wbuf[r * stride..][..cols rounded up to L] = row r decoded in the column layout.
+/// Columns per panel in the prefill path: GROUP rows x 512 f32 of decoded weights (32 KiB)
+/// stay in L1 while every token tile of the token block passes over them.
+pub(crate) const PANEL: usize = 512;
+/// Row stride of the decoded panel: 64 bytes more than a panel, so that its rows do not
+/// all map to the same L1 sets.
+pub(crate) const PSTRIDE: usize = PANEL + 16;
+
+/// pbuf[r * PSTRIDE..][..(c1 - c0) L] = chunks c0..c1 of row r, decoded in the column
+/// layout (FP8 times its block scales; the last chunk zero padded). FP4: c0 and c1 even
+/// (a group is two chunks).
 #[inline(always)]
-pub(crate) fn decode<S: Simd>(s: S, w: &RowsView, stride: usize, wbuf: &mut [f32]) {
+fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mut [f32]) {
     let (l, cols) = (S::LANES, w.cols);
-    let cp = cols.div_ceil(l) * l;
+    assert!(pbuf.len() >= w.nrows * PSTRIDE && (c1 - c0) * l <= PANEL);
     for r in 0..w.nrows {
-        let row = &mut wbuf[r * stride..r * stride + cp];
-        if let Rows::Fp4 { q, scale } = w.rows {
-            for g in 0..cols / (2 * l) {
-                let (lo, hi) = fp4_pair(s, q, scale, r, cols, g);
-                st(s, row, 2 * g * l, lo);
-                st(s, row, (2 * g + 1) * l, hi);
+        let row = &mut pbuf[r * PSTRIDE..(r + 1) * PSTRIDE];
+        match w.rows {
+            Rows::Fp4 { q, scale } => {
+                for g in c0 / 2..c1 / 2 {
+                    let (lo, hi) = fp4_pair(s, q, scale, r, cols, g);
+                    st(s, row, (2 * g - c0) * l, lo);
+                    st(s, row, (2 * g + 1 - c0) * l, hi);
+                }
             }
-        } else {
-            for c in 0..cp / l {
-                st(s, row, c * l, chunk(s, w.rows, r, cols, c, true));
+            _ => {
+                for c in c0..c1 {
+                    st(s, row, (c - c0) * l, chunk(s, w.rows, r, cols, c, true));
+                }
             }
         }
     }
 }
 
-/// Columns per panel in the prefill path: 16 rows x 512 f32 = 32 KiB of decoded weights
-/// stay in L1 while every token tile passes over them.
-const PANEL: usize = 512;
-
-/// R rows x T tokens over chunks c0..c1 of the prefill product. Each (row, token) keeps
-/// its accumulator vector in `accs` ([rows, n, L]) between panels, so its FMA chain is the
-/// same as in `rows_x1`; the first panel (c0 == 0) starts from zero instead of `accs`.
+/// R rows x T tokens over the nc chunks of one panel: w holds the panel's decoded rows
+/// (`PSTRIDE` apart), x the tokens' same columns (`xs` apart). Each (row, token) keeps its
+/// accumulator vector in `accs` ([rows, n, L]) between panels, so its FMA chain is the same
+/// as in `rows_x1`; the first panel starts from zero instead of `accs`.
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const T: usize>(
     s: S,
-    wbuf: &[f32],
-    r0: usize,
-    cp: usize,
-    xp: &[f32],
-    t0: usize,
-    n: usize,
-    (c0, c1): (usize, usize),
+    (w, r0): (&[f32], usize),
+    (x, xs, t0, n): (&[f32], usize, usize, usize),
+    (nc, first): (usize, bool),
     accs: &mut [f32],
 ) {
     let l = S::LANES;
-    assert!(r0 + R <= wbuf.len().div_ceil(cp) && t0 + T <= n && c1 * l <= cp);
-    assert!(wbuf.len() >= (r0 + R - 1) * cp + c1 * l && xp.len() >= (t0 + T - 1) * cp + c1 * l);
+    assert!(t0 + T <= n && nc * l <= PSTRIDE && nc * l <= xs);
+    assert!(w.len() >= (r0 + R - 1) * PSTRIDE + nc * l && x.len() >= (t0 + T - 1) * xs + nc * l);
     assert!(accs.len() >= (r0 + R) * n * l);
-    let (wp, xpp, ap) = (wbuf.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
+    let (wp, xpp, ap) = (w.as_ptr(), x.as_ptr(), accs.as_mut_ptr());
     let mut acc = [[s.splat(0.0); T]; R];
     // SAFETY: rows r0..r0 + R and tokens t0..t0 + T exist (asserted), chunk indices are below
-    // c1 within each row / token (asserted), and accs holds [rows, n, L] f32.
+    // nc within each row / token (asserted), and accs holds [rows, n, L] f32.
     unsafe {
-        if c0 > 0 {
+        if !first {
             for k in 0..R {
                 for t in 0..T {
                     acc[k][t] = s.load(ap.add(((r0 + k) * n + t0 + t) * l));
                 }
             }
         }
-        for c in c0..c1 {
+        for c in 0..nc {
             let mut xv = [s.splat(0.0); T];
             for t in 0..T {
-                xv[t] = s.load(xpp.add((t0 + t) * cp + c * l));
+                xv[t] = s.load(xpp.add((t0 + t) * xs + c * l));
             }
             for k in 0..R {
-                let wv = s.load(wp.add((r0 + k) * cp + c * l));
+                let wv = s.load(wp.add((r0 + k) * PSTRIDE + c * l));
                 for t in 0..T {
                     acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
                 }
@@ -624,54 +614,73 @@ fn tile<S: Simd, const R: usize, const T: usize>(
     }
 }
 
-/// out[r, t] = dot(wbuf[r], xp[t]) for r < nrows, t < n, with R x T register tiles (then
-/// R x 1 for the last n % T tokens).
+/// `tile` of R rows x `tt` tokens, tt <= T <= 8 (monomorphised for every width).
+#[inline(always)]
+fn tiles<S: Simd, const R: usize, const T: usize>(
+    s: S,
+    w: (&[f32], usize),
+    x: (&[f32], usize, usize, usize),
+    nc: (usize, bool),
+    accs: &mut [f32],
+    tt: usize,
+) {
+    assert!(tt >= 1 && tt <= T && T <= 8);
+    match tt {
+        t if t == T => tile::<S, R, T>(s, w, x, nc, accs),
+        1 => tile::<S, R, 1>(s, w, x, nc, accs),
+        2 => tile::<S, R, 2>(s, w, x, nc, accs),
+        3 => tile::<S, R, 3>(s, w, x, nc, accs),
+        4 => tile::<S, R, 4>(s, w, x, nc, accs),
+        5 => tile::<S, R, 5>(s, w, x, nc, accs),
+        6 => tile::<S, R, 6>(s, w, x, nc, accs),
+        _ => tile::<S, R, 7>(s, w, x, nc, accs),
+    }
+}
+
+/// out[r, t] = row r of `w` · xp[t] for its rows (at most GROUP) and n tokens (`xs` apart
+/// in xp, in the column layout). Panel by panel: PANEL columns of the rows are decoded into
+/// `pbuf` ([GROUP, PSTRIDE], stays in L1), then every token passes over them in R x T
+/// register tiles (R x (n % T) for the last tokens), the accumulators kept in `accs`
+/// (scratch of at least nrows * n * L f32) between panels.
 #[inline(always)]
 pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
     s: S,
-    wbuf: &[f32],
-    nrows: usize,
-    cols: usize,
-    cp: usize,
-    xp: &[f32],
-    n: usize,
+    w: &RowsView,
+    (xp, xs, n): (&[f32], usize, usize),
     out: &mut [f32],
     accs: &mut [f32],
+    pbuf: &mut [f32],
 ) {
-    let l = S::LANES;
-    let nch = cols.div_ceil(l);
+    let (l, nrows) = (S::LANES, w.nrows);
+    let nch = w.cols.div_ceil(l);
     assert!(
-        accs.len() >= nrows * n * l,
-        "gemm: accs must hold [nrows, n, L]"
+        accs.len() >= nrows * n * l && out.len() >= nrows * n,
+        "gemm: accs must hold [nrows, n, L] and out [nrows, n]"
     );
     // panel -> token tile -> row tile: the x tile stays in L1 across the row tiles and the
     // panel of decoded rows stays in L1 across token tiles.
     let mut c0 = 0;
     while c0 < nch {
-        let cs = (c0, (c0 + PANEL / l).min(nch));
+        let c1 = (c0 + PANEL / l).min(nch);
+        decode_panel(s, w, (c0, c1), pbuf);
+        let (wp, x) = (&pbuf[..], &xp[c0 * l..]);
+        let nc = (c1 - c0, c0 == 0);
         let mut t = 0;
         while t < n {
-            let full = t + T <= n;
+            // full T-token tiles, then one tile of the n % T tokens left
+            let tt = T.min(n - t);
             let mut r = 0;
             while r + R <= nrows {
-                if full {
-                    tile::<S, R, T>(s, wbuf, r, cp, xp, t, n, cs, accs);
-                } else {
-                    tile::<S, R, 1>(s, wbuf, r, cp, xp, t, n, cs, accs);
-                }
+                tiles::<S, R, T>(s, (wp, r), (x, xs, t, n), nc, accs, tt);
                 r += R;
             }
             while r < nrows {
-                if full {
-                    tile::<S, 1, T>(s, wbuf, r, cp, xp, t, n, cs, accs);
-                } else {
-                    tile::<S, 1, 1>(s, wbuf, r, cp, xp, t, n, cs, accs);
-                }
+                tiles::<S, 1, T>(s, (wp, r), (x, xs, t, n), nc, accs, tt);
                 r += 1;
             }
-            t += if full { T } else { 1 };
+            t += tt;
         }
-        c0 = cs.1;
+        c0 = c1;
     }
     for (o, a) in out.iter_mut().zip(accs.chunks_exact(l)) {
         *o = s.hsum(ld(s, a, 0));
