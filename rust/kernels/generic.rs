@@ -557,6 +557,24 @@ fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mu
                     st(s, row, (2 * g + 1 - c0) * l, hi);
                 }
             }
+            Rows::Fp8 { q, scale } => {
+                // whole chunks two at a time (a pair never straddles a 128-column scale
+                // block: 128 / L is even), the same values `chunk` gives; then the rest
+                let qr = &q[r * cols..(r + 1) * cols];
+                let full = (cols / l).min(c1);
+                let mut c = c0;
+                while c + 2 <= full {
+                    let sv = s.splat(e8m0_to_f32(scale[c * l / 128]));
+                    // SAFETY: (c + 2) L <= cols, so the 2L bytes from cL lie inside the row.
+                    let (a, b) = unsafe { s.fp8_pair(qr.as_ptr().add(c * l)) };
+                    st(s, row, (c - c0) * l, s.mul(a, sv));
+                    st(s, row, (c + 1 - c0) * l, s.mul(b, sv));
+                    c += 2;
+                }
+                for c in c..c1 {
+                    st(s, row, (c - c0) * l, chunk(s, w.rows, r, cols, c, true));
+                }
+            }
             _ => {
                 for c in c0..c1 {
                     st(s, row, (c - c0) * l, chunk(s, w.rows, r, cols, c, true));
