@@ -384,7 +384,7 @@ fn fp4_pair<S: Simd>(
 /// rows, or nothing useful: harmless (see `Simd::prefetch`). No division: this runs in the
 /// inner loop.
 #[inline(always)]
-fn prefetch_next<S: Simd>(s: S, next: *const u8, step: usize, i: usize) {
+pub(crate) fn prefetch_next<S: Simd>(s: S, next: *const u8, step: usize, i: usize) {
     let mut o = (i * step).next_multiple_of(64);
     let end = (i + 1) * step;
     while o < end {
@@ -867,6 +867,7 @@ fn rows_q8_x1<S: Simd, const R: usize>(
     let sc = &scale[r0 * nb..(r0 + R) * nb];
     let mut acc = [s.splat(0.0); R];
     for b in 0..nb {
+        prefetch_next(s, qp.wrapping_add(R * cols / 2), 16 * R, b);
         for k in 0..R {
             let f = s.splat(half_scale(sc[k * nb + b]) * xd[b]);
             // SAFETY: row k's block b is bytes 16b..16b + 16 of its cols / 2 (rows asserted

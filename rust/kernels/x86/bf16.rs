@@ -27,7 +27,7 @@
 //! are one `vpermw` of the nibbles into the E2M1 table times the block scale, in bf16.
 
 use super::super::driver::{run_tasks, task_split, view, Rows, RowsView, GROUP};
-use super::super::generic::Simd;
+use super::super::generic::{prefetch_next, Simd};
 use super::super::{MatRef, Weights};
 use super::Avx512;
 use crate::dtype::e8m0_to_f32;
@@ -194,6 +194,7 @@ unsafe fn rows_x1<const R: usize>(
                 // FP4 cols are a multiple of 32: every chunk is full. Chunk c of row k is
                 // bytes 16c..16c + 16 of that row's cols / 2, inside q (asserted).
                 for c in 0..full {
+                    prefetch_next(a, qp.wrapping_add(R * cols / 2), R * CH / 2, c);
                     let xv = load_bh(xp.add(c * CH));
                     for k in 0..R {
                         let t = tables[sc[k * (cols / 32) + c] as usize];
@@ -207,6 +208,7 @@ unsafe fn rows_x1<const R: usize>(
                 let qp = q[r0 * cols..].as_ptr();
                 // full chunks: columns 32c..32c + 32 <= cols of each row, inside q
                 for c in 0..full {
+                    prefetch_next(a, qp.wrapping_add(R * cols), R * CH, c);
                     let sv = a.splat(e8m0_to_f32(scale[c * CH / 128]));
                     let xv = load_bh(xp.add(c * CH));
                     for k in 0..R {
@@ -232,8 +234,8 @@ unsafe fn rows_x1<const R: usize>(
     out
 }
 
-/// Rows sharing each x load in the one-token path.
-const ROWS_X1: usize = 4;
+/// Rows sharing each x load in the one-token path (as in the AVX-512 tier's `simd_kernel!`).
+const ROWS_X1: usize = 8;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
 /// out[r] = row r · x for every row of `w`, one token.
