@@ -50,6 +50,9 @@ pub(crate) trait Simd: Copy {
     /// # Safety
     /// `p` is valid for reading L bytes.
     unsafe fn fp8(self, p: *const u8) -> Self::V;
+    /// Whether the tier's `fp8_pair` decodes in one pass (then the one-token FP8 loop steps
+    /// two chunks at a time; otherwise one, as the portable loops vectorise best).
+    const FP8_PAIR: bool = false;
     /// 2L bytes of e4m3: `(fp8(p), fp8(p + L))`, which a tier may decode in one pass.
     ///
     /// # Safety
@@ -440,9 +443,9 @@ fn rows_x1<S: Simd, const R: usize>(
             assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
             let qp = q[r0 * cols..].as_ptr();
             // the block scales are in xp already (`driver::scale_x`); two chunks per step
-            // (`fp8_pair`), each row's FMAs still in chunk order
+            // where the tier pairs them (`fp8_pair`), each row's FMAs still in chunk order
             let mut c = 0;
-            while c + 2 <= full {
+            while S::FP8_PAIR && c + 2 <= full {
                 prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
                 // SAFETY: (c + 2)L <= cols, so both x chunks are inside xp and each row's 2L
                 // bytes lie inside that row (rows asserted inside q above).
@@ -456,7 +459,8 @@ fn rows_x1<S: Simd, const R: usize>(
                 }
                 c += 2;
             }
-            if c < full {
+            while c < full {
+                prefetch_next(s, qp.wrapping_add(R * cols), R * l, c);
                 // SAFETY: cL + L <= cols, as above, for one chunk.
                 unsafe {
                     let xv = s.load(xpp.add(c * l));
@@ -464,6 +468,7 @@ fn rows_x1<S: Simd, const R: usize>(
                         acc[k] = s.fma(s.fp8(qp.add(k * cols + c * l)), xv, acc[k]);
                     }
                 }
+                c += 1;
             }
         }
         Rows::Bf16(d) => {

@@ -106,6 +106,8 @@ impl Simd for Avx2 {
         }
     }
 
+    const FP8_PAIR: bool = true;
+
     /// 16 bytes widened and shifted as one 256-bit vector, then converted in two halves.
     #[inline(always)]
     unsafe fn fp8_pair(self, p: *const u8) -> (__m256, __m256) {

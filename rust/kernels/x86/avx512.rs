@@ -114,6 +114,8 @@ impl Simd for Avx512 {
         }
     }
 
+    const FP8_PAIR: bool = true;
+
     /// 32 bytes widened and shifted as one 512-bit vector, then converted in two halves.
     #[inline(always)]
     unsafe fn fp8_pair(self, p: *const u8) -> (__m512, __m512) {
