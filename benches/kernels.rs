@@ -256,8 +256,14 @@ fn prefill(c: &mut Criterion) {
         let o = make(kind, rows, cols, 3);
         let m = mat(kind, rows, cols, &o);
         // n = 6: what one routed expert sees in a ~256-token prefill chunk (6 of 256 experts
-        // per token), the batch size that dominates expert compute below thousands of tokens
-        for n in [6usize, 64, 512] {
+        // per token), the batch size that dominates expert compute below thousands of tokens;
+        // n = 2048: a dense projection over a whole prefill span (x no longer fits in L2)
+        let ns: &[usize] = if rows == 1024 && kind == Kind::Fp8 {
+            &[6, 64, 512, 2048]
+        } else {
+            &[6, 64, 512]
+        };
+        for &n in ns {
             let x: Vec<f32> = (0..n * cols)
                 .map(|i| (i % 11) as f32 * 0.05 - 0.25)
                 .collect();
