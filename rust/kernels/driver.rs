@@ -278,11 +278,13 @@ pub(crate) fn matmul<K: Kernel>(
             };
             k.dot_x1(&v, xp, o);
         } else {
-            // Token blocks of at most TOKEN_BLOCK: the block's x panel (TOKEN_BLOCK x PANEL
-            // f32, 256 KiB) stays in L2 while every row group of the task passes over it, so
-            // x streams from memory once per task, not once per row group; each group's
-            // panels are decoded again per block (a few operations per weight against the
-            // block's TOKEN_BLOCK multiply-adds).
+            // Token blocks of at most TOKEN_BLOCK: every row group of the task passes over
+            // the same block of x (TOKEN_BLOCK x cols f32, 2 MiB at 4,096 columns: from L2
+            // and L3 rather than DRAM), so all of x streams from memory once per task, not
+            // once per row group; each group's panels are decoded again per block (a few
+            // operations per weight against the block's TOKEN_BLOCK multiply-adds). Measured
+            // on Zen 5: blocks of 16-64 tokens (x block in L2) lose more to the repeated
+            // decoding than they gain; 128 and 256 tie; 512 loses.
             let nb = n.min(TOKEN_BLOCK);
             let mut pbuf = Aligned::zeros(GROUP * generic::PSTRIDE);
             // the micro-kernel's accumulators, once per task (not once per row group)
