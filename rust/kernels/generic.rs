@@ -20,7 +20,7 @@
 //! `core_arch` symbols.
 //!
 //! Every (row, token) output is one FMA chain over the chunks in order followed by
-//! `Simd::hsum`, in both the one-token path (`rows_x1`) and the prefill path (`decode` +
+//! `Simd::hsum`, in both the fused path for few tokens (`rows_xt`) and the prefill path (`decode_panel` +
 //! `gemm`), as `driver` requires.
 
 use super::driver::{Rows, RowsView};
@@ -149,26 +149,38 @@ pub(crate) trait Simd: Copy {
 
 /// Implements `Kernel` for a `Simd` tier. Each method enters a function compiled with the
 /// tier's features (if any), in which the generic loop below and the tier's operations
-/// inline. `rows_x1`: rows per one-token pass (they share each x load); `gemm_rows`: rows
+/// inline. `rows_xt`: rows per fused pass of 1, 2, 3 and 4 tokens (they share each x load); `gemm_rows`: rows
 /// of the prefill micro-kernel (x `gemm_tokens` tokens); `q8_rows`: the same for the int8 path; `chains`: independent FMA chains of the peak
 /// probe.
 macro_rules! simd_kernel {
-    ($tier:ty, $(features = $feat:literal,)? rows_x1 = $r1:literal,
+    ($tier:ty, $(features = $feat:literal,)? rows_xt = $r1:expr,
      gemm_rows = $rg:literal, gemm_tokens = $tg:literal, q8_rows = $rq:literal,
      chains = $ch:literal) => {
         impl $crate::kernels::driver::Kernel for $tier {
             const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
 
-            fn dot_x1(self, w: &RowsView, xp: &[f32], out: &mut [f32]) {
+            fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize)) {
                 /// # Safety
                 /// The CPU must have the enabled features.
                 $(#[target_feature(enable = $feat)])?
-                unsafe fn go(s: $tier, w: &RowsView, xp: &[f32], out: &mut [f32]) {
-                    $crate::kernels::generic::dot_x1::<_, $r1>(s, w, xp, out)
+                unsafe fn go(
+                    s: $tier,
+                    w: &RowsView,
+                    (xp, xs, n): (&[f32], usize, usize),
+                    out: (&mut [f32], usize),
+                ) {
+                    use $crate::kernels::generic::dot_xt;
+                    match n {
+                        1 => dot_xt::<_, { $r1[0] }, 1>(s, w, (xp, xs), out),
+                        2 => dot_xt::<_, { $r1[1] }, 2>(s, w, (xp, xs), out),
+                        3 => dot_xt::<_, { $r1[2] }, 3>(s, w, (xp, xs), out),
+                        _ => dot_xt::<_, { $r1[3] }, 4>(s, w, (xp, xs), out),
+                    }
                 }
+                assert!((1..=4).contains(&x.2), "dot_xt takes 1 to 4 tokens");
                 // SAFETY: `self` exists only once the CPU was found to have the features
                 // `go` enables.
-                unsafe { go(self, w, xp, out) }
+                unsafe { go(self, w, x, out) }
             }
 
             fn gemm(
@@ -190,7 +202,7 @@ macro_rules! simd_kernel {
                 ) {
                     $crate::kernels::generic::gemm::<_, $rg, $tg>(s, w, x, out, accs, pbuf)
                 }
-                // SAFETY: as in `dot_x1`.
+                // SAFETY: as in `dot_xt`.
                 unsafe { go(self, w, x, (out, accs, pbuf)) }
             }
 
@@ -199,9 +211,9 @@ macro_rules! simd_kernel {
                 /// The CPU must have the enabled features.
                 $(#[target_feature(enable = $feat)])?
                 unsafe fn go(s: $tier, w: &RowsView, xq: &[i8], xd: &[f32], out: &mut [f32]) {
-                    $crate::kernels::generic::dot_q8_x1::<_, $r1>(s, w, xq, xd, out)
+                    $crate::kernels::generic::dot_q8_x1::<_, { $r1[0] }>(s, w, xq, xd, out)
                 }
-                // SAFETY: as in `dot_x1`.
+                // SAFETY: as in `dot_xt`.
                 unsafe { go(self, w, xq, xd, out) }
             }
 
@@ -212,7 +224,7 @@ macro_rules! simd_kernel {
                 unsafe fn go(s: $tier, w: &RowsView, wq: &mut [i8], ws: &mut [f32]) {
                     $crate::kernels::generic::decode_q8(s, w, wq, ws)
                 }
-                // SAFETY: as in `dot_x1`.
+                // SAFETY: as in `dot_xt`.
                 unsafe { go(self, w, wq, ws) }
             }
 
@@ -240,7 +252,7 @@ macro_rules! simd_kernel {
                         s, w, nrows, cols, x, n, out, accs,
                     )
                 }
-                // SAFETY: as in `dot_x1`.
+                // SAFETY: as in `dot_xt`.
                 unsafe { go(self, w, (nrows, cols), x, (n, out, accs)) }
             }
 
@@ -251,7 +263,7 @@ macro_rules! simd_kernel {
                 unsafe fn go(s: $tier, a: &[f32], b: &[f32]) -> f32 {
                     $crate::kernels::generic::dot(s, a, b)
                 }
-                // SAFETY: as in `dot_x1`.
+                // SAFETY: as in `dot_xt`.
                 unsafe { go(self, a, b) }
             }
 
@@ -268,7 +280,7 @@ macro_rules! simd_kernel {
                 ) {
                     $crate::kernels::generic::attend(s, q, keys, scale, sink, out)
                 }
-                // SAFETY: as in `dot_x1`.
+                // SAFETY: as in `dot_xt`.
                 unsafe { go(self, q, keys, (scale, sink), out) }
             }
 
@@ -280,7 +292,7 @@ macro_rules! simd_kernel {
                     $crate::kernels::generic::fma_probe::<_, $ch>(s, iters)
                 }
                 let flops = iters * $ch * <Self as $crate::kernels::driver::Kernel>::LANES * 2;
-                // SAFETY: as in `dot_x1`.
+                // SAFETY: as in `dot_xt`.
                 (unsafe { go(self, iters) }, flops as u64)
             }
         }
@@ -396,23 +408,28 @@ pub(crate) fn prefetch_next<S: Simd>(s: S, next: *const u8, step: usize, i: usiz
     }
 }
 
-/// R rows from r0, one token: acc[k] = fma(w[k][c], xp[c], acc[k]) over chunks in order.
-/// The full chunks run on raw pointers (bounds checked once up front); the last partial
-/// chunk goes through `chunk`, which decodes exactly like `decode`. `tables[b]`: the FP4
-/// table times the value of scale byte b (see `dot_x1`).
+/// R rows from r0 times T tokens (xp holds them `xs` apart): acc[k][t] = fma(w[k][c],
+/// xp[t][c], acc[k][t]) over chunks in order, each weight chunk decoded once for the T
+/// tokens. With T = 1 this is the one-token path; every (row, token) chain is the same
+/// whatever T. The full chunks run on raw pointers (bounds checked once up front); the last
+/// partial chunk goes through `chunk`, which decodes exactly like `decode_panel`.
+/// `tables[b]`: the FP4 table times the value of scale byte b (see `dot_xt`).
 #[inline(always)]
-fn rows_x1<S: Simd, const R: usize>(
+fn rows_xt<S: Simd, const R: usize, const T: usize>(
     s: S,
     w: &RowsView,
     r0: usize,
-    xp: &[f32],
+    (xp, xs): (&[f32], usize),
     tables: &[S::V; 256],
-) -> [f32; R] {
+) -> [[f32; T]; R] {
     let (l, cols) = (S::LANES, w.cols);
     let full = cols / l;
-    assert!(xp.len() >= cols.div_ceil(l) * l && r0 + R <= w.nrows);
+    assert!(xs >= cols.div_ceil(l) * l && xp.len() >= (T - 1) * xs + cols.div_ceil(l) * l);
+    assert!(r0 + R <= w.nrows);
     let xpp = xp.as_ptr();
-    let mut acc = [s.splat(0.0); R];
+    let mut acc = [[s.splat(0.0); T]; R];
+    // SAFETY (every `xpp.add` below): token t < T and chunk c with (c + 1) L <= cols are
+    // inside xp (asserted: tokens xs >= cols apart).
     match w.rows {
         Rows::Fp4 { q, scale } => {
             let (rb, nb) = (cols / 2, cols / 32);
@@ -420,22 +437,29 @@ fn rows_x1<S: Simd, const R: usize>(
             let qp = q[r0 * rb..].as_ptr();
             let sp = scale[r0 * nb..].as_ptr();
             for g in 0..cols / (2 * l) {
-                // SAFETY: g < cols / 2L, so xp[2gL..2gL + 2L] is inside xp (len >= cols).
-                let (xe, xo) =
-                    unsafe { (s.load(xpp.add(2 * g * l)), s.load(xpp.add((2 * g + 1) * l))) };
+                let mut xe = [s.splat(0.0); T];
+                let mut xo = [s.splat(0.0); T];
+                for t in 0..T {
+                    // SAFETY: g < cols / 2L, so columns 2gL..2gL + 2L lie in token t's row.
+                    unsafe {
+                        xe[t] = s.load(xpp.add(t * xs + 2 * g * l));
+                        xo[t] = s.load(xpp.add(t * xs + (2 * g + 1) * l));
+                    }
+                }
                 prefetch_next(s, qp.wrapping_add(R * rb), R * l, g);
                 let b = 2 * g * l / 32;
                 for k in 0..R {
                     // SAFETY: k < R and b < nb, so the scale byte lies in the rows asserted
                     // inside `scale`; row k's bytes gL..gL + L lie within its cols / 2 bytes,
-                    // inside q (asserted above). Raw pointers: bounds checks per row cost the
-                    // loop its registers.
+                    // inside q (asserted above). Raw pointers: no bounds check per row.
                     let (lo, hi) = unsafe {
                         let t = tables[*sp.add(k * nb + b) as usize];
                         s.fp4(qp.add(k * rb + g * l), t)
                     };
-                    acc[k] = s.fma(lo, xe, acc[k]);
-                    acc[k] = s.fma(hi, xo, acc[k]);
+                    for t in 0..T {
+                        acc[k][t] = s.fma(lo, xe[t], acc[k][t]);
+                        acc[k][t] = s.fma(hi, xo[t], acc[k][t]);
+                    }
                 }
             }
         }
@@ -447,25 +471,38 @@ fn rows_x1<S: Simd, const R: usize>(
             let mut c = 0;
             while S::FP8_PAIR && c + 2 <= full {
                 prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
-                // SAFETY: (c + 2)L <= cols, so both x chunks are inside xp and each row's 2L
-                // bytes lie inside that row (rows asserted inside q above).
-                unsafe {
-                    let (x0, x1) = (s.load(xpp.add(c * l)), s.load(xpp.add((c + 1) * l)));
-                    for k in 0..R {
-                        let (w0, w1) = s.fp8_pair(qp.add(k * cols + c * l));
-                        acc[k] = s.fma(w0, x0, acc[k]);
-                        acc[k] = s.fma(w1, x1, acc[k]);
+                let mut x0 = [s.splat(0.0); T];
+                let mut x1 = [s.splat(0.0); T];
+                for t in 0..T {
+                    // SAFETY: (c + 2) L <= cols (see above).
+                    unsafe {
+                        x0[t] = s.load(xpp.add(t * xs + c * l));
+                        x1[t] = s.load(xpp.add(t * xs + (c + 1) * l));
+                    }
+                }
+                for k in 0..R {
+                    // SAFETY: each row's 2L bytes from cL lie inside that row (rows asserted
+                    // inside q above).
+                    let (w0, w1) = unsafe { s.fp8_pair(qp.add(k * cols + c * l)) };
+                    for t in 0..T {
+                        acc[k][t] = s.fma(w0, x0[t], acc[k][t]);
+                        acc[k][t] = s.fma(w1, x1[t], acc[k][t]);
                     }
                 }
                 c += 2;
             }
             while c < full {
                 prefetch_next(s, qp.wrapping_add(R * cols), R * l, c);
-                // SAFETY: cL + L <= cols, as above, for one chunk.
-                unsafe {
-                    let xv = s.load(xpp.add(c * l));
-                    for k in 0..R {
-                        acc[k] = s.fma(s.fp8(qp.add(k * cols + c * l)), xv, acc[k]);
+                let mut xv = [s.splat(0.0); T];
+                for t in 0..T {
+                    // SAFETY: (c + 1) L <= cols (see above).
+                    xv[t] = unsafe { s.load(xpp.add(t * xs + c * l)) };
+                }
+                for k in 0..R {
+                    // SAFETY: as above, for one chunk.
+                    let wv = unsafe { s.fp8(qp.add(k * cols + c * l)) };
+                    for t in 0..T {
+                        acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
                     }
                 }
                 c += 1;
@@ -476,13 +513,17 @@ fn rows_x1<S: Simd, const R: usize>(
             let dp = d[r0 * cols * 2..].as_ptr();
             for c in 0..full {
                 prefetch_next(s, dp.wrapping_add(2 * R * cols), 2 * R * l, c);
-                // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's 2L
-                // bytes lie inside that row (rows asserted inside d above).
-                unsafe {
-                    let xv = s.load(xpp.add(c * l));
-                    for k in 0..R {
-                        let wv = s.bf16(dp.add(2 * (k * cols + c * l)));
-                        acc[k] = s.fma(wv, xv, acc[k]);
+                let mut xv = [s.splat(0.0); T];
+                for t in 0..T {
+                    // SAFETY: (c + 1) L <= cols (see above).
+                    xv[t] = unsafe { s.load(xpp.add(t * xs + c * l)) };
+                }
+                for k in 0..R {
+                    // SAFETY: each row's 2L bytes from 2cL lie inside that row (rows
+                    // asserted inside d above).
+                    let wv = unsafe { s.bf16(dp.add(2 * (k * cols + c * l))) };
+                    for t in 0..T {
+                        acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
                     }
                 }
             }
@@ -492,33 +533,50 @@ fn rows_x1<S: Simd, const R: usize>(
             let dp = d[r0 * cols..].as_ptr();
             for c in 0..full {
                 prefetch_next(s, dp.wrapping_add(R * cols).cast(), 4 * R * l, c);
-                // SAFETY: cL + L <= cols, so the x chunk is inside xp and each row's L
-                // floats lie inside that row (rows asserted inside d above).
-                unsafe {
-                    let xv = s.load(xpp.add(c * l));
-                    for k in 0..R {
-                        acc[k] = s.fma(s.load(dp.add(k * cols + c * l)), xv, acc[k]);
+                let mut xv = [s.splat(0.0); T];
+                for t in 0..T {
+                    // SAFETY: (c + 1) L <= cols (see above).
+                    xv[t] = unsafe { s.load(xpp.add(t * xs + c * l)) };
+                }
+                for k in 0..R {
+                    // SAFETY: each row's L floats from cL lie inside that row (rows asserted
+                    // inside d above).
+                    let wv = unsafe { s.load(dp.add(k * cols + c * l)) };
+                    for t in 0..T {
+                        acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
                     }
                 }
             }
         }
     }
     if !matches!(w.rows, Rows::Fp4 { .. }) && full * l < cols {
-        let xv = ld(s, xp, full * l);
         for k in 0..R {
-            acc[k] = s.fma(chunk(s, w.rows, r0 + k, cols, full, false), xv, acc[k]);
+            let wv = chunk(s, w.rows, r0 + k, cols, full, false);
+            for t in 0..T {
+                acc[k][t] = s.fma(wv, ld(s, xp, t * xs + full * l), acc[k][t]);
+            }
         }
     }
-    let mut out = [0f32; R];
+    let mut out = [[0f32; T]; R];
     for k in 0..R {
-        out[k] = s.hsum(acc[k]);
+        for t in 0..T {
+            out[k][t] = s.hsum(acc[k][t]);
+        }
     }
     out
 }
 
-/// out[r] = dot(row r, xp) for every row of `w`, R rows at a time.
+/// out[r * os + t] = dot(row r, xp[t]) for every row of `w` and the T tokens of xp (`xs`
+/// apart), R rows at a time: the fused path for few tokens (`driver::matmul`), one
+/// token included (T = 1).
 #[inline(always)]
-pub(crate) fn dot_x1<S: Simd, const R: usize>(s: S, w: &RowsView, xp: &[f32], out: &mut [f32]) {
+pub(crate) fn dot_xt<S: Simd, const R: usize, const T: usize>(
+    s: S,
+    w: &RowsView,
+    x: (&[f32], usize),
+    (out, os): (&mut [f32], usize),
+) {
+    assert!(os >= T && (w.nrows == 0 || out.len() >= (w.nrows - 1) * os + T));
     // The FP4 table times every possible scale up front (256 multiplies, the same products
     // `fp4_pair` forms), so the inner loop only loads the block's table.
     let mut tables = [s.splat(0.0); 256];
@@ -529,11 +587,14 @@ pub(crate) fn dot_x1<S: Simd, const R: usize>(s: S, w: &RowsView, xp: &[f32], ou
     }
     let mut r = 0;
     while r + R <= w.nrows {
-        out[r..r + R].copy_from_slice(&rows_x1::<S, R>(s, w, r, xp, &tables));
+        let v = rows_xt::<S, R, T>(s, w, r, x, &tables);
+        for k in 0..R {
+            out[(r + k) * os..][..T].copy_from_slice(&v[k]);
+        }
         r += R;
     }
     while r < w.nrows {
-        out[r] = rows_x1::<S, 1>(s, w, r, xp, &tables)[0];
+        out[r * os..][..T].copy_from_slice(&rows_xt::<S, 1, T>(s, w, r, x, &tables)[0]);
         r += 1;
     }
 }
@@ -592,7 +653,7 @@ fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mu
 /// R rows x T tokens over the nc chunks of one panel: w holds the panel's decoded rows
 /// (`PSTRIDE` apart), x the tokens' same columns (`xs` apart). Each (row, token) keeps its
 /// accumulator vector in `accs` ([rows, n, L]) between panels, so its FMA chain is the same
-/// as in `rows_x1`; the first panel starts from zero instead of `accs`.
+/// as in `rows_xt`; the first panel starts from zero instead of `accs`.
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const T: usize>(
     s: S,

@@ -38,7 +38,7 @@ pub(crate) struct Portable;
 
 simd_kernel!(
     Portable,
-    rows_x1 = 4,
+    rows_xt = [4, 2, 2, 2],
     gemm_rows = 1,
     gemm_tokens = 3,
     q8_rows = 1,

@@ -55,7 +55,7 @@ impl NeonDot {
 simd_kernel!(
     Neon,
     features = "neon",
-    rows_x1 = 4,
+    rows_xt = [4, 2, 1, 1],
     gemm_rows = 4,
     gemm_tokens = 2,
     q8_rows = 2,
@@ -65,7 +65,7 @@ simd_kernel!(
 simd_kernel!(
     NeonDot,
     features = "neon,dotprod",
-    rows_x1 = 4,
+    rows_xt = [4, 2, 1, 1],
     gemm_rows = 4,
     gemm_tokens = 2,
     q8_rows = 2,

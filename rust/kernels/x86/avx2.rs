@@ -30,7 +30,7 @@ impl Avx2 {
 simd_kernel!(
     Avx2,
     features = "avx2,fma,f16c",
-    rows_x1 = 8,
+    rows_xt = [8, 2, 2, 2],
     gemm_rows = 4,
     gemm_tokens = 3,
     q8_rows = 4,

@@ -31,7 +31,7 @@ impl Avx512 {
 simd_kernel!(
     Avx512,
     features = "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
-    rows_x1 = 8,
+    rows_xt = [8, 4, 3, 2],
     gemm_rows = 4,
     gemm_tokens = 6,
     q8_rows = 4,
