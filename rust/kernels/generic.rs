@@ -408,6 +408,33 @@ pub(crate) fn prefetch_next<S: Simd>(s: S, next: *const u8, step: usize, i: usiz
     }
 }
 
+/// The T tokens' chunks at column `off` (tokens `xs` apart from `xp`).
+///
+/// # Safety
+/// `xp` is valid for reading (T - 1) xs + off + L f32.
+#[inline(always)]
+unsafe fn x_chunks<S: Simd, const T: usize>(
+    s: S,
+    xp: *const f32,
+    xs: usize,
+    off: usize,
+) -> [S::V; T] {
+    let mut v = [s.splat(0.0); T];
+    for t in 0..T {
+        // SAFETY: the caller's contract.
+        v[t] = unsafe { s.load(xp.add(t * xs + off)) };
+    }
+    v
+}
+
+/// acc[t] = fma(w, x[t], acc[t]) for each of the T tokens.
+#[inline(always)]
+fn fma_tokens<S: Simd, const T: usize>(s: S, w: S::V, x: &[S::V; T], acc: &mut [S::V; T]) {
+    for t in 0..T {
+        acc[t] = s.fma(w, x[t], acc[t]);
+    }
+}
+
 /// R rows from r0 times T tokens (xp holds them `xs` apart): acc[k][t] = fma(w[k][c],
 /// xp[t][c], acc[k][t]) over chunks in order, each weight chunk decoded once for the T
 /// tokens. With T = 1 this is the one-token path; every (row, token) chain is the same
@@ -437,15 +464,13 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             let qp = q[r0 * rb..].as_ptr();
             let sp = scale[r0 * nb..].as_ptr();
             for g in 0..cols / (2 * l) {
-                let mut xe = [s.splat(0.0); T];
-                let mut xo = [s.splat(0.0); T];
-                for t in 0..T {
-                    // SAFETY: g < cols / 2L, so columns 2gL..2gL + 2L lie in token t's row.
-                    unsafe {
-                        xe[t] = s.load(xpp.add(t * xs + 2 * g * l));
-                        xo[t] = s.load(xpp.add(t * xs + (2 * g + 1) * l));
-                    }
-                }
+                // SAFETY: g < cols / 2L, so columns 2gL..2gL + 2L lie in every token's row.
+                let (xe, xo) = unsafe {
+                    (
+                        x_chunks::<S, T>(s, xpp, xs, 2 * g * l),
+                        x_chunks::<S, T>(s, xpp, xs, (2 * g + 1) * l),
+                    )
+                };
                 prefetch_next(s, qp.wrapping_add(R * rb), R * l, g);
                 let b = 2 * g * l / 32;
                 for k in 0..R {
@@ -456,10 +481,8 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
                         let t = tables[*sp.add(k * nb + b) as usize];
                         s.fp4(qp.add(k * rb + g * l), t)
                     };
-                    for t in 0..T {
-                        acc[k][t] = s.fma(lo, xe[t], acc[k][t]);
-                        acc[k][t] = s.fma(hi, xo[t], acc[k][t]);
-                    }
+                    fma_tokens(s, lo, &xe, &mut acc[k]);
+                    fma_tokens(s, hi, &xo, &mut acc[k]);
                 }
             }
         }
@@ -471,39 +494,30 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             let mut c = 0;
             while S::FP8_PAIR && c + 2 <= full {
                 prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
-                let mut x0 = [s.splat(0.0); T];
-                let mut x1 = [s.splat(0.0); T];
-                for t in 0..T {
-                    // SAFETY: (c + 2) L <= cols (see above).
-                    unsafe {
-                        x0[t] = s.load(xpp.add(t * xs + c * l));
-                        x1[t] = s.load(xpp.add(t * xs + (c + 1) * l));
-                    }
-                }
+                // SAFETY: (c + 2) L <= cols (see above).
+                let (x0, x1) = unsafe {
+                    (
+                        x_chunks::<S, T>(s, xpp, xs, c * l),
+                        x_chunks::<S, T>(s, xpp, xs, (c + 1) * l),
+                    )
+                };
                 for k in 0..R {
                     // SAFETY: each row's 2L bytes from cL lie inside that row (rows asserted
                     // inside q above).
                     let (w0, w1) = unsafe { s.fp8_pair(qp.add(k * cols + c * l)) };
-                    for t in 0..T {
-                        acc[k][t] = s.fma(w0, x0[t], acc[k][t]);
-                        acc[k][t] = s.fma(w1, x1[t], acc[k][t]);
-                    }
+                    fma_tokens(s, w0, &x0, &mut acc[k]);
+                    fma_tokens(s, w1, &x1, &mut acc[k]);
                 }
                 c += 2;
             }
             while c < full {
                 prefetch_next(s, qp.wrapping_add(R * cols), R * l, c);
-                let mut xv = [s.splat(0.0); T];
-                for t in 0..T {
-                    // SAFETY: (c + 1) L <= cols (see above).
-                    xv[t] = unsafe { s.load(xpp.add(t * xs + c * l)) };
-                }
+                // SAFETY: (c + 1) L <= cols (see above).
+                let xv = unsafe { x_chunks::<S, T>(s, xpp, xs, c * l) };
                 for k in 0..R {
                     // SAFETY: as above, for one chunk.
                     let wv = unsafe { s.fp8(qp.add(k * cols + c * l)) };
-                    for t in 0..T {
-                        acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
-                    }
+                    fma_tokens(s, wv, &xv, &mut acc[k]);
                 }
                 c += 1;
             }
@@ -513,18 +527,13 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             let dp = d[r0 * cols * 2..].as_ptr();
             for c in 0..full {
                 prefetch_next(s, dp.wrapping_add(2 * R * cols), 2 * R * l, c);
-                let mut xv = [s.splat(0.0); T];
-                for t in 0..T {
-                    // SAFETY: (c + 1) L <= cols (see above).
-                    xv[t] = unsafe { s.load(xpp.add(t * xs + c * l)) };
-                }
+                // SAFETY: (c + 1) L <= cols (see above).
+                let xv = unsafe { x_chunks::<S, T>(s, xpp, xs, c * l) };
                 for k in 0..R {
                     // SAFETY: each row's 2L bytes from 2cL lie inside that row (rows
                     // asserted inside d above).
                     let wv = unsafe { s.bf16(dp.add(2 * (k * cols + c * l))) };
-                    for t in 0..T {
-                        acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
-                    }
+                    fma_tokens(s, wv, &xv, &mut acc[k]);
                 }
             }
         }
@@ -533,18 +542,13 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             let dp = d[r0 * cols..].as_ptr();
             for c in 0..full {
                 prefetch_next(s, dp.wrapping_add(R * cols).cast(), 4 * R * l, c);
-                let mut xv = [s.splat(0.0); T];
-                for t in 0..T {
-                    // SAFETY: (c + 1) L <= cols (see above).
-                    xv[t] = unsafe { s.load(xpp.add(t * xs + c * l)) };
-                }
+                // SAFETY: (c + 1) L <= cols (see above).
+                let xv = unsafe { x_chunks::<S, T>(s, xpp, xs, c * l) };
                 for k in 0..R {
                     // SAFETY: each row's L floats from cL lie inside that row (rows asserted
                     // inside d above).
                     let wv = unsafe { s.load(dp.add(k * cols + c * l)) };
-                    for t in 0..T {
-                        acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
-                    }
+                    fma_tokens(s, wv, &xv, &mut acc[k]);
                 }
             }
         }
