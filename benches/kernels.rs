@@ -14,7 +14,10 @@
 //! `vdpbf16ps` path for FP8/FP4, where the CPU has avx512_bf16). Short by design (10
 //! samples).
 
-use _core::kernels::{fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier, Weights};
+mod common;
+
+use _core::kernels::{fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier};
+use common::{make, mat, ring, Kind};
 use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
 use rayon::prelude::*;
 use std::hint::black_box;
@@ -31,70 +34,6 @@ fn ring_bytes() -> usize {
     } else {
         0
     }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn byte(&mut self) -> u8 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 32) as u8
-    }
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Fp8,
-    Fp4,
-    Bf16,
-}
-
-/// One matrix's storage: q (or bf16 bytes) and scale.
-struct Owned {
-    q: Vec<u8>,
-    s: Vec<u8>,
-}
-
-fn make(kind: Kind, rows: usize, cols: usize, seed: u64) -> Owned {
-    let mut g = Rng(seed | 1);
-    match kind {
-        Kind::Fp8 => Owned {
-            q: (0..rows * cols).map(|_| g.byte() & 0xF7).collect(),
-            s: (0..rows.div_ceil(128) * cols.div_ceil(128))
-                .map(|_| 120 + g.byte() % 8)
-                .collect(),
-        },
-        Kind::Fp4 => Owned {
-            q: (0..rows * cols / 2).map(|_| g.byte()).collect(),
-            s: (0..rows * cols / 32).map(|_| 120 + g.byte() % 8).collect(),
-        },
-        Kind::Bf16 => Owned {
-            // small normal values: sign, exponent 120..127, random mantissa
-            q: (0..rows * cols)
-                .flat_map(|_| {
-                    let hi = (g.byte() & 0x80) | 0x3C | (g.byte() & 1);
-                    [g.byte(), hi]
-                })
-                .collect(),
-            s: vec![],
-        },
-    }
-}
-
-fn mat<'a>(kind: Kind, rows: usize, cols: usize, o: &'a Owned) -> MatRef<'a> {
-    let w = match kind {
-        Kind::Fp8 => Weights::Fp8 {
-            q: &o.q,
-            scale: &o.s,
-        },
-        Kind::Fp4 => Weights::Fp4 {
-            q: &o.q,
-            scale: &o.s,
-        },
-        Kind::Bf16 => Weights::Bf16(&o.q),
-    };
-    MatRef::new(rows, cols, w).unwrap()
 }
 
 fn pools() -> Vec<(usize, rayon::ThreadPool)> {
@@ -169,15 +108,8 @@ fn decode(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1));
     for (name, kind, rows, cols) in shapes {
-        let first = make(kind, rows, cols, 1);
-        let bytes = mat(kind, rows, cols, &first).bytes();
-        let copies = ring_bytes().div_ceil(bytes).max(1);
-        let ring: Vec<Owned> = (0..copies)
-            .map(|_| Owned {
-                q: first.q.clone(),
-                s: first.s.clone(),
-            })
-            .collect();
+        let ring = ring(kind, rows, cols, ring_bytes());
+        let bytes = mat(kind, rows, cols, &ring[0]).bytes();
         let mats: Vec<MatRef> = ring.iter().map(|o| mat(kind, rows, cols, o)).collect();
         let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
         let mut y = vec![0f32; rows];
