@@ -147,9 +147,9 @@ impl std::ops::DerefMut for Aligned {
 pub(super) const GROUP: usize = 16;
 
 /// Most tokens the fused path takes (in passes of up to 4); more go through the panel path.
-/// Measured on Zen 5, 2 threads, AVX-512: the fused path is 1.2-3.8x faster up to 8 tokens
-/// (FP4 2048x4096 at 2 tokens 86 -> 255 GFLOP/s, FP8 32768x1024 41 -> 158), even at 8 to 12
-/// tokens depending on the shape, and loses from 12 to 32 (FP8 1024x4096 at 12: 232 -> 202).
+/// Measured on Zen 5, 2 threads, AVX-512: the fused path is 1.1-3.8x faster from 2 to 8
+/// tokens (FP4 2048x4096 at 2 tokens 86 -> 255 GFLOP/s, FP8 32768x1024 41 -> 158); from 12
+/// to 32 it wins or loses depending on the shape (FP8 1024x4096 at 12: 232 -> 202).
 const FUSED_MAX: usize = 8;
 
 /// Tokens per block in the prefill path (see `matmul`).
