@@ -92,7 +92,7 @@ pub const E2M1_LUT: [f32; 16] = [
 
 /// UE8M0 → f32: 2^(b-127). Byte 255 is NaN (the reader rejects it before any compute).
 #[inline]
-pub fn e8m0_to_f32(b: u8) -> f32 {
+pub const fn e8m0_to_f32(b: u8) -> f32 {
     if b == 255 {
         return f32::NAN;
     }

@@ -61,6 +61,9 @@ pub(crate) struct RowsView<'a> {
 pub(crate) trait Kernel: Copy + Send + Sync {
     /// f32 lanes per vector chunk; the column layout is padded to a multiple of it.
     const LANES: usize;
+    /// Columns per FP4 group and the column order inside one (`generic::Simd`).
+    const FP4_GROUP: usize;
+    fn fp4_col(k: usize) -> usize;
     /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
     /// stride, n), out = (out, os): decoded on the fly, each weight once for the n tokens.
     fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize));
@@ -184,22 +187,20 @@ pub(super) fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
     }
 }
 
-/// x prepared for the kernels: [n, cp], zero padded. FP4: each group of 2 * lanes columns
-/// stored as [even columns..., odd columns...], matching the low/high nibble split of the
-/// packed bytes. Otherwise a copy.
-fn prep_x(m: &MatRef, x: &[f32], n: usize, cp: usize, lanes: usize) -> Aligned {
+/// x prepared for the kernels: [n, cp], zero padded. FP4: each group of `K::FP4_GROUP`
+/// columns stored in the tier's column order (`K::fp4_col`), matching its decoded chunks.
+/// Otherwise a copy.
+fn prep_x<K: Kernel>(m: &MatRef, x: &[f32], n: usize, cp: usize) -> Aligned {
     let cols = m.cols;
     let mut xp = Aligned::zeros(n * cp);
+    let gs = K::FP4_GROUP;
+    let order: Vec<usize> = (0..gs).map(K::fp4_col).collect();
     for (xs, d) in x.chunks_exact(cols).zip(xp.chunks_exact_mut(cp)) {
         match m.w {
             Weights::Fp4 { .. } => {
-                for (xg, dg) in xs
-                    .chunks_exact(2 * lanes)
-                    .zip(d.chunks_exact_mut(2 * lanes))
-                {
-                    for k in 0..lanes {
-                        dg[k] = xg[2 * k];
-                        dg[lanes + k] = xg[2 * k + 1];
+                for (xg, dg) in xs.chunks_exact(gs).zip(d.chunks_exact_mut(gs)) {
+                    for (v, &c) in dg.iter_mut().zip(&order) {
+                        *v = xg[c];
                     }
                 }
             }
@@ -269,7 +270,7 @@ pub(crate) fn matmul<K: Kernel>(
     // length do not all map to the same L1 sets in the prefill micro-kernel.
     let cp = m.cols.div_ceil(K::LANES) * K::LANES + 16;
     let fp8 = matches!(m.w, Weights::Fp8 { .. });
-    let xp = prep_x(m, x, n, cp, K::LANES);
+    let xp = prep_x::<K>(m, x, n, cp);
 
     let post = if fp8 { 256.0 } else { 1.0 };
     run_tasks(task_split(&rows, fp8), rows.start, n, y, |tr, o| {

@@ -10,9 +10,10 @@
 //!
 //! Column layout (`L` = `Simd::LANES`, a power of two dividing 32):
 //! - F32 / BF16 / FP8: chunk c holds columns cL..cL + L; the last one is zero padded.
-//! - FP4: group g holds columns 2gL..2gL + 2L as [L even columns, L odd columns], i.e.
-//!   the low then the high nibbles of the group's L packed bytes (`prep_x` lays x out the
-//!   same way). A group lies inside one 32-column scale block.
+//! - FP4: group g holds columns gG..gG + G (G = `Simd::FP4_GROUP`, 2L or 32) as G / L
+//!   chunks in the tier's column order (`Simd::fp4_col`; `prep_x` lays x out the same way).
+//!   The default order is [L even columns, L odd columns], i.e. the low then the high
+//!   nibbles of the group's L packed bytes. A group lies inside one 32-column scale block.
 //!
 //! No closure may call a `Simd` method: a closure is a function of its own, compiled without
 //! the tier's features, so the intrinsics in it would not inline (`acc.map(|a| s.hsum(a))`
@@ -77,18 +78,28 @@ pub(crate) trait Simd: Copy {
     }
     /// The E2M1 values in the form `fp4` looks them up in (before scaling).
     fn fp4_table(self) -> Self::V;
-    /// The table `fp4` takes for a block of scale `scale`: `fp4_table` times it, in the
-    /// form the tier's `fp4` expects (a tier may store it transformed).
+    /// Columns of one FP4 group, the unit `fp4` decodes: 2L (the default) or 32 (one
+    /// whole scale block). G / L is 2 or 4.
+    const FP4_GROUP: usize = 2 * Self::LANES;
+    /// The column (0..G, within its group) that lane k % L of chunk k / L of a decoded FP4
+    /// group holds. The default: [L even columns, L odd columns].
     #[inline(always)]
-    fn fp4_scaled_table(self, scale: f32) -> Self::V {
-        self.mul(self.fp4_table(), self.splat(scale))
+    fn fp4_col(k: usize) -> usize {
+        2 * (k % Self::LANES) + k / Self::LANES
     }
-    /// L packed e2m1 bytes: (low nibbles, high nibbles) as values of `t`, which is
-    /// `fp4_scaled_table` of the block's scale.
+    /// The table `fp4` takes for a block whose UE8M0 scale byte is `b`: `fp4_table` times
+    /// 2^(b - 127), in the form the tier's `fp4` expects (a tier may store it transformed).
+    #[inline(always)]
+    fn fp4_scaled_table(self, b: u8) -> Self::V {
+        self.mul(self.fp4_table(), self.splat(e8m0_to_f32(b)))
+    }
+    /// One FP4 group (G / 2 packed e2m1 bytes at p) as its G / L chunks in the tier's
+    /// column order (`fp4_col`), values of `t` (`fp4_scaled_table` of the block's scale).
+    /// Entries past G / L are unused (a 2-chunk tier repeats its pair).
     ///
     /// # Safety
-    /// `p` is valid for reading L bytes.
-    unsafe fn fp4(self, p: *const u8, t: Self::V) -> (Self::V, Self::V);
+    /// `p` is valid for reading G / 2 bytes.
+    unsafe fn fp4(self, p: *const u8, t: &Self::V) -> [Self::V; 4];
 
     // ---- fast numerics (int8 activations; see `quant`) ----
     //
@@ -158,6 +169,11 @@ macro_rules! simd_kernel {
      chains = $ch:literal) => {
         impl $crate::kernels::driver::Kernel for $tier {
             const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
+            const FP4_GROUP: usize = <$tier as $crate::kernels::generic::Simd>::FP4_GROUP;
+
+            fn fp4_col(k: usize) -> usize {
+                <$tier as $crate::kernels::generic::Simd>::fp4_col(k)
+            }
 
             fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize)) {
                 /// # Safety
@@ -371,21 +387,15 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8_scaled:
     }
 }
 
-/// FP4 group g of row r (columns 2gL..2gL + 2L): (even columns, odd columns), scaled.
+/// FP4 group g of row r (columns gG..gG + G, G = `Simd::FP4_GROUP`): its G / L chunks,
+/// scaled (see `Simd::fp4`).
 #[inline(always)]
-fn fp4_pair<S: Simd>(
-    s: S,
-    q: &[u8],
-    scale: &[u8],
-    r: usize,
-    cols: usize,
-    g: usize,
-) -> (S::V, S::V) {
-    let l = S::LANES;
-    let t = s.fp4_scaled_table(e8m0_to_f32(scale[(r * cols + 2 * g * l) / 32]));
-    let b = &q[r * cols / 2 + g * l..][..l];
-    // SAFETY: `b` holds L bytes.
-    unsafe { s.fp4(b.as_ptr(), t) }
+fn fp4_group<S: Simd>(s: S, q: &[u8], scale: &[u8], r: usize, cols: usize, g: usize) -> [S::V; 4] {
+    let gs = S::FP4_GROUP;
+    let t = s.fp4_scaled_table(scale[(r * cols + g * gs) / 32]);
+    let b = &q[(r * cols + g * gs) / 2..][..gs / 2];
+    // SAFETY: `b` holds G / 2 bytes.
+    unsafe { s.fp4(b.as_ptr(), &t) }
 }
 
 /// Step `i` over the current R-row block of the one-token path, which reads `step` bytes
@@ -460,29 +470,30 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
     match w.rows {
         Rows::Fp4 { q, scale } => {
             let (rb, nb) = (cols / 2, cols / 32);
+            let (gs, gc) = (S::FP4_GROUP, S::FP4_GROUP / l);
             assert!(q.len() >= (r0 + R) * rb && scale.len() >= (r0 + R) * nb);
             let qp = q[r0 * rb..].as_ptr();
             let sp = scale[r0 * nb..].as_ptr();
-            for g in 0..cols / (2 * l) {
-                // SAFETY: g < cols / 2L, so columns 2gL..2gL + 2L lie in every token's row.
-                let (xe, xo) = unsafe {
-                    (
-                        x_chunks::<S, T>(s, xpp, xs, 2 * g * l),
-                        x_chunks::<S, T>(s, xpp, xs, (2 * g + 1) * l),
-                    )
-                };
-                prefetch_next(s, qp.wrapping_add(R * rb), R * l, g);
-                let b = 2 * g * l / 32;
+            for g in 0..cols / gs {
+                let mut xv = [[s.splat(0.0); T]; 4];
+                for (c, x) in xv.iter_mut().enumerate().take(gc) {
+                    // SAFETY: g < cols / G, so columns gG..gG + G lie in every token's row.
+                    *x = unsafe { x_chunks::<S, T>(s, xpp, xs, (g * gc + c) * l) };
+                }
+                prefetch_next(s, qp.wrapping_add(R * rb), R * gs / 2, g);
+                let b = g * gs / 32;
                 for k in 0..R {
                     // SAFETY: k < R and b < nb, so the scale byte lies in the rows asserted
-                    // inside `scale`; row k's bytes gL..gL + L lie within its cols / 2 bytes,
-                    // inside q (asserted above). Raw pointers: no bounds check per row.
-                    let (lo, hi) = unsafe {
-                        let t = tables[*sp.add(k * nb + b) as usize];
-                        s.fp4(qp.add(k * rb + g * l), t)
+                    // inside `scale`; row k's bytes gG / 2..(g + 1) G / 2 lie within its
+                    // cols / 2 bytes, inside q (asserted above). Raw pointers: no bounds
+                    // check per row.
+                    let w = unsafe {
+                        let t = &tables[*sp.add(k * nb + b) as usize];
+                        s.fp4(qp.add(k * rb + g * gs / 2), t)
                     };
-                    fma_tokens(s, lo, &xe, &mut acc[k]);
-                    fma_tokens(s, hi, &xo, &mut acc[k]);
+                    for c in 0..gc {
+                        fma_tokens(s, w[c], &xv[c], &mut acc[k]);
+                    }
                 }
             }
         }
@@ -581,12 +592,12 @@ pub(crate) fn dot_xt<S: Simd, const R: usize, const T: usize>(
     (out, os): (&mut [f32], usize),
 ) {
     assert!(os >= T && (w.nrows == 0 || out.len() >= (w.nrows - 1) * os + T));
-    // The FP4 table times every possible scale up front (256 multiplies, the same products
-    // `fp4_pair` forms), so the inner loop only loads the block's table.
+    // The FP4 table of every possible scale up front (the same tables `fp4_group` forms),
+    // so the inner loop only loads the block's table.
     let mut tables = [s.splat(0.0); 256];
     if let Rows::Fp4 { .. } = w.rows {
         for (b, t) in tables.iter_mut().enumerate() {
-            *t = s.fp4_scaled_table(e8m0_to_f32(b as u8));
+            *t = s.fp4_scaled_table(b as u8);
         }
     }
     let mut r = 0;
@@ -611,8 +622,8 @@ pub(crate) const PANEL: usize = 512;
 pub(crate) const PSTRIDE: usize = PANEL + 16;
 
 /// pbuf[r * PSTRIDE..][..(c1 - c0) L] = chunks c0..c1 of row r, decoded in the column
-/// layout (FP8 times its block scales; the last chunk zero padded). FP4: c0 and c1 even
-/// (a group is two chunks).
+/// layout (FP8 times its block scales; the last chunk zero padded). FP4: c0 and c1
+/// multiples of G / L (whole groups).
 #[inline(always)]
 fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mut [f32]) {
     let (l, cols) = (S::LANES, w.cols);
@@ -621,10 +632,12 @@ fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mu
         let row = &mut pbuf[r * PSTRIDE..(r + 1) * PSTRIDE];
         match w.rows {
             Rows::Fp4 { q, scale } => {
-                for g in c0 / 2..c1 / 2 {
-                    let (lo, hi) = fp4_pair(s, q, scale, r, cols, g);
-                    st(s, row, (2 * g - c0) * l, lo);
-                    st(s, row, (2 * g + 1 - c0) * l, hi);
+                let gc = S::FP4_GROUP / l;
+                for g in c0 / gc..c1 / gc {
+                    let w = fp4_group(s, q, scale, r, cols, g);
+                    for c in 0..gc {
+                        st(s, row, (g * gc + c - c0) * l, w[c]);
+                    }
                 }
             }
             Rows::Fp8 { q, scale } => {

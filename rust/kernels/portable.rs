@@ -126,13 +126,12 @@ impl Simd for Portable {
     }
 
     #[inline(always)]
-    unsafe fn fp4(self, p: *const u8, t: V) -> (V, V) {
+    unsafe fn fp4(self, p: *const u8, t: &V) -> [V; 4] {
         // SAFETY: `p` is valid for L bytes (caller).
         let b = unsafe { bytes::<L>(p) };
-        (
-            std::array::from_fn(|i| t[(b[i] & 15) as usize]),
-            std::array::from_fn(|i| t[(b[i] >> 4) as usize]),
-        )
+        let lo: V = std::array::from_fn(|i| t[(b[i] & 15) as usize]);
+        let hi: V = std::array::from_fn(|i| t[(b[i] >> 4) as usize]);
+        [lo, hi, lo, hi]
     }
 }
 

@@ -252,11 +252,12 @@ impl<D: BlockDot> Simd for NeonTier<D> {
     }
 
     #[inline(always)]
-    unsafe fn fp4(self, p: *const u8, t: V) -> (V, V) {
+    unsafe fn fp4(self, p: *const u8, t: &V) -> [V; 4] {
         // SAFETY: see the impl; `p` is valid for 8 bytes (caller), byte loads need no
         // alignment.
         let (lo, hi) = unsafe { fp4_ints(vld1_u8(p)) };
-        (self.mul(lo, t), self.mul(hi, t))
+        let (lo, hi) = (self.mul(lo, *t), self.mul(hi, *t));
+        [lo, hi, lo, hi]
     }
 
     #[inline(always)]

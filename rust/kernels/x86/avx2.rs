@@ -1,17 +1,19 @@
 //! AVX2 + FMA + F16C tier: 8 f32 lanes.
 //!
-//! FP8 goes through f16 like the AVX-512 tier (`vcvtph2ps` from F16C). FP4: `vpermps` picks
-//! the scaled magnitude from an 8-entry table by the low 3 bits of the nibble, and the
-//! nibble shifted to bits 28..31 is xored in, which sets the sign (the table is stored
-//! pre-xored so that the other three bits cancel). Column groups are 16 wide
-//! ([8 even, 8 odd]), matching `prep_x` with 8 lanes. Eight rows share each x load in the
-//! one-token path; the prefill micro-kernel runs 4 rows x 3 tokens (12 accumulators of 16
-//! registers).
+//! FP8 goes through f16 like the AVX-512 tier (`vcvtph2ps` from F16C). FP4 decodes one
+//! whole 32-column scale block at a time (`FP4_GROUP` = 32) with byte shuffles, which Zen 3
+//! runs two per cycle, instead of `vpermps` per 8 weights: every scaled E2M1 value is
+//! exactly the top 16 bits of its f32 (a 2-bit significand times a power of two), so
+//! `vpshufb` looks up its high and low byte in two 16-entry tables (`FP4_BYTES`, per scale
+//! byte), the bytes are interleaved into 16-bit words and the words moved to the top of
+//! 32-bit lanes. One block's 16 bytes give 4 chunks in the order `fp4_col` states. Eight
+//! rows share each x load in the one-token path; the prefill micro-kernel runs 4 rows x 3
+//! tokens (12 accumulators of 16 registers).
 
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
 use super::int8;
-use crate::dtype::E2M1_LUT;
+use crate::dtype::{e8m0_to_f32, E2M1_LUT};
 use std::arch::x86_64::*;
 
 /// Proof that the CPU has this tier's features; only `detect` creates one.
@@ -141,41 +143,56 @@ impl Simd for Avx2 {
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
 
-    /// The first 8 E2M1 entries: the magnitudes (`fp4` applies the sign bit).
+    /// The first 8 E2M1 values; not used by this tier (`fp4_scaled_table` reads
+    /// `FP4_BYTES`).
     #[inline(always)]
     fn fp4_table(self) -> __m256 {
         // SAFETY: see the impl; E2M1_LUT holds 16 f32, 8 are read.
         unsafe { _mm256_loadu_ps(E2M1_LUT.as_ptr()) }
     }
 
-    /// The scaled magnitudes with entry i's bits xored with `i << 28`: `fp4` xors each
-    /// picked entry with its whole nibble `<< 28`, which undoes that and leaves the nibble's
-    /// sign bit in bit 31 (one `and` fewer per vector than masking the sign).
+    const FP4_GROUP: usize = 32;
+
+    /// Chunk q, lane i of a block: lanes 0-3 come from the low nibbles (even columns),
+    /// lanes 4-7 from the high nibbles of the same bytes; chunks 0 and 1 take the low
+    /// 16-bit words of the interleaved bytes 0-7, chunks 2 and 3 bytes 8-15 (see `fp4`).
     #[inline(always)]
-    fn fp4_scaled_table(self, scale: f32) -> __m256 {
-        // SAFETY: see the impl.
-        unsafe {
-            let t = _mm256_mul_ps(self.fp4_table(), _mm256_set1_ps(scale));
-            let i = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            _mm256_xor_ps(t, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(i)))
-        }
+    fn fp4_col(k: usize) -> usize {
+        let (q, i) = (k / 8, k % 8);
+        16 * (q >> 1) + 4 * (i & 3) + 2 * (q & 1) + (i >> 2)
     }
 
-    /// Lane j: low nibble n of byte j, `t[n & 7] ^ (n << 28)` = the magnitude with the sign
-    /// bit n >> 3 (see `fp4_scaled_table`); the high nibble likewise.
+    /// `FP4_BYTES[b]` as a vector: [high bytes of the 16 values | their low bytes].
     #[inline(always)]
-    unsafe fn fp4(self, p: *const u8, t: __m256) -> (__m256, __m256) {
-        // SAFETY: see the impl; `p` is valid for 8 bytes (caller), read unaligned.
+    fn fp4_scaled_table(self, b: u8) -> __m256 {
+        // SAFETY: see the impl; each entry of FP4_BYTES holds 32 bytes.
+        unsafe { _mm256_loadu_ps(FP4_BYTES.0[b as usize].as_ptr().cast()) }
+    }
+
+    /// 16 packed bytes (one scale block): `vpshufb` of the nibbles (low nibbles in the low
+    /// 128-bit lane, high nibbles in the high one) into the high-byte and low-byte tables,
+    /// the two results interleaved into 16-bit words, each word moved to the top of a
+    /// 32-bit lane (a shift for the even words, a mask for the odd ones).
+    #[inline(always)]
+    unsafe fn fp4(self, p: *const u8, t: &__m256) -> [__m256; 4] {
+        // SAFETY: see the impl; `p` is valid for 16 bytes (caller) and `t` for 32, both read
+        // unaligned (each half of `t` broadcast straight from memory).
         unsafe {
-            let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
-            let h = _mm256_srli_epi32::<4>(b);
-            // b << 28 keeps only the low nibble (b < 256); h < 16
-            let lo = _mm256_permutevar8x32_ps(t, b);
-            let hi = _mm256_permutevar8x32_ps(t, h);
-            (
-                _mm256_xor_ps(lo, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(b))),
-                _mm256_xor_ps(hi, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(h))),
-            )
+            let tp: *const __m128i = (t as *const __m256).cast();
+            let th = _mm256_broadcastsi128_si256(_mm_loadu_si128(tp));
+            let tl = _mm256_broadcastsi128_si256(_mm_loadu_si128(tp.add(1)));
+            let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+            let sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+            let idx = _mm256_and_si256(_mm256_srlv_epi32(v, sh), _mm256_set1_epi8(15));
+            let (h, l) = (_mm256_shuffle_epi8(th, idx), _mm256_shuffle_epi8(tl, idx));
+            let (p0, p1) = (_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h));
+            let top = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+            [
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(p0)),
+                _mm256_castsi256_ps(_mm256_and_si256(p0, top)),
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(p1)),
+                _mm256_castsi256_ps(_mm256_and_si256(p1, top)),
+            ]
         }
     }
 
@@ -197,4 +214,33 @@ impl Simd for Avx2 {
         // SAFETY: see the impl; `p` is valid for 16 bytes and `x` for 32 (caller).
         unsafe { int8::dot(int8::fp4_i8(p), int8::load(x)) }
     }
+}
+
+/// Per UE8M0 scale byte b: the high bytes (0..16) and low bytes (16..32) of the f32 of each
+/// E2M1 value (by nibble) times 2^(b - 127). Exact: such a product has at most two
+/// significant bits, so its f32 is zero below bit 16 (also for the subnormal 0.5 * 2^-127
+/// = 2^-128, bit 21). Byte 255 (NaN, which the reader rejects) gives NaN throughout.
+#[repr(C, align(32))]
+struct Fp4Bytes([[u8; 32]; 256]);
+
+static FP4_BYTES: Fp4Bytes = Fp4Bytes(fp4_bytes());
+
+const fn fp4_bytes() -> [[u8; 32]; 256] {
+    let mut t = [[0u8; 32]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut n = 0;
+        while n < 16 {
+            let v = if b == 255 {
+                0x7FC0_0000
+            } else {
+                (E2M1_LUT[n] * e8m0_to_f32(b as u8)).to_bits()
+            };
+            t[b][n] = (v >> 24) as u8;
+            t[b][16 + n] = (v >> 16) as u8;
+            n += 1;
+        }
+        b += 1;
+    }
+    t
 }

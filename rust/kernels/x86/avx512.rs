@@ -156,13 +156,13 @@ impl Simd for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn fp4(self, p: *const u8, t: __m512) -> (__m512, __m512) {
+    unsafe fn fp4(self, p: *const u8, t: &__m512) -> [__m512; 4] {
         // SAFETY: see the impl; `p` is valid for 16 bytes (caller), read unaligned.
         unsafe {
             let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
-            let lo = _mm512_permutexvar_ps(b, t);
-            let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), t);
-            (lo, hi)
+            let lo = _mm512_permutexvar_ps(b, *t);
+            let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(b), *t);
+            [lo, hi, lo, hi]
         }
     }
 
