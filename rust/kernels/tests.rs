@@ -384,6 +384,50 @@ fn kernels_fp4_all_16_codes_exact() {
     }
 }
 
+/// Every E2M1 code at every scale byte that keeps 6 * 2^(s - 127) finite (0..=252, subnormal
+/// results included; from 253 the block's ±6 overflows and inf * 0 makes the whole row NaN),
+/// alone in its column, on the one-token and the many-token paths: each tier's FP4 tables
+/// (scaled in f32, or AVX2's per-scale byte tables) must give the exact product.
+#[test]
+fn kernels_fp4_every_code_at_every_scale_exact() {
+    let rows = 253;
+    // each row: byte k holds nibble k (even column 2k) and nibble 15 - k (odd column 2k + 1)
+    let q: Vec<u8> = (0..rows)
+        .flat_map(|_| (0..16u8).map(|k| k | ((15 - k) << 4)))
+        .collect();
+    let scale: Vec<u8> = (0..rows as u8).collect();
+    let m = MatRef::new(
+        rows,
+        32,
+        Weights::Fp4 {
+            q: &q,
+            scale: &scale,
+        },
+    )
+    .unwrap();
+    let mut eye = vec![0f32; 32 * 32];
+    for c in 0..32 {
+        eye[c * 32 + c] = 1.0;
+    }
+    for tier in tiers() {
+        let many = run_tier(tier, &m, 0..rows, &eye, 32);
+        for c in 0..32 {
+            let one = run_tier(tier, &m, 0..rows, &eye[c * 32..(c + 1) * 32], 1);
+            let nib = if c % 2 == 0 { c / 2 } else { 15 - c / 2 };
+            for (r, &s) in scale.iter().enumerate() {
+                let want = E2M1_LUT[nib] as f64 * 2f64.powi(s as i32 - 127);
+                let name = tier.name();
+                assert_eq!(one[r] as f64, want, "{name} col {c} scale byte {s}");
+                assert_eq!(
+                    many[c * rows + r] as f64,
+                    want,
+                    "{name} col {c} scale {s} (n > 1)"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn kernels_e8m0_all_exponents_exact() {
     for tier in tiers() {
