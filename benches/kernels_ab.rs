@@ -3,9 +3,12 @@
 //! alternating, and compare the medians of the ratios).
 //!
 //! ```text
-//! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16 ROWS COLS TIER [ROUNDS]
-//! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16 ROWS COLS TIER TOKENS [ROUNDS]
+//! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16|fp4-fast ROWS COLS TIER [ROUNDS]
+//! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast ROWS COLS TIER TOKENS [ROUNDS]
 //! ```
+//!
+//! `fp4-fast`: the FP4 product of fast numerics without bf16 products (int8 activations,
+//! `matmul_q8_tier`); the others run the exact kernels.
 //!
 //! - `decode`: a one-token matvec over a ring of copies of the matrix (>= 2 GiB in all, so
 //!   the weights come from DRAM as in real decode), each round next to the engine's memory
@@ -18,7 +21,7 @@
 
 mod common;
 
-use _core::kernels::{fma_probe, matmul_tier, MatRef, Tier};
+use _core::kernels::{fma_probe, matmul_q8_tier, matmul_tier, MatRef, Tier};
 use _core::probe::mem_read_gbs;
 use common::{make, mat, ring, Kind};
 use rayon::prelude::*;
@@ -29,7 +32,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn decode(kind: Kind, rows: usize, cols: usize, tier: Tier, rounds: usize) {
+/// One product on `tier`: the exact kernels, or the int8 path of fast numerics (`q8`).
+fn run(q8: bool, tier: Tier, m: &MatRef, x: &[f32], n: usize, y: &mut [f32]) {
+    let rows = 0..m.rows;
+    let r = if q8 {
+        matmul_q8_tier(tier, m, rows, x, n, y)
+    } else {
+        matmul_tier(tier, m, rows, x, n, y)
+    };
+    r.expect("the tier is available");
+}
+
+fn decode(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, rounds: usize) {
     let ring = ring(kind, rows, cols, 2 << 30);
     let (bytes, copies) = (mat(kind, rows, cols, &ring[0]).bytes(), ring.len());
     let mats: Vec<MatRef> = ring.iter().map(|o| mat(kind, rows, cols, o)).collect();
@@ -44,7 +58,7 @@ fn decode(kind: Kind, rows: usize, cols: usize, tier: Tier, rounds: usize) {
         }
         let t0 = Instant::now();
         for m in &mats {
-            matmul_tier(tier, m, 0..rows, &x, 1, &mut y).expect("the tier is available");
+            run(q8, tier, m, &x, 1, &mut y);
         }
         std::hint::black_box(&y);
         k.push((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9);
@@ -59,7 +73,7 @@ fn decode(kind: Kind, rows: usize, cols: usize, tier: Tier, rounds: usize) {
     );
 }
 
-fn prefill(kind: Kind, rows: usize, cols: usize, tier: Tier, n: usize, rounds: usize) {
+fn prefill(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, n: usize, rounds: usize) {
     let o = make(kind, rows, cols, 3);
     let m = mat(kind, rows, cols, &o);
     let x: Vec<f32> = (0..n * cols)
@@ -79,7 +93,7 @@ fn prefill(kind: Kind, rows: usize, cols: usize, tier: Tier, n: usize, rounds: u
         pk.push(f as f64 / t0.elapsed().as_secs_f64() / 1e9);
         let t0 = Instant::now();
         for _ in 0..reps {
-            matmul_tier(tier, &m, 0..rows, &x, n, &mut y).expect("the tier is available");
+            run(q8, tier, &m, &x, n, &mut y);
         }
         std::hint::black_box(&y);
         gf.push(flops * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
@@ -94,7 +108,7 @@ fn prefill(kind: Kind, rows: usize, cols: usize, tier: Tier, n: usize, rounds: u
     );
 }
 
-const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16 ROWS COLS TIER TOKENS [ROUNDS]";
+const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast ROWS COLS TIER TOKENS [ROUNDS]";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets too; only `cargo bench` (which passes
@@ -114,11 +128,12 @@ fn main() {
         }
         v
     };
-    let kind = match args[1].as_str() {
-        "fp8" => Kind::Fp8,
-        "fp4" => Kind::Fp4,
-        "bf16" => Kind::Bf16,
-        _ => return println!("the format is fp4, fp8 or bf16\n{USAGE}"),
+    let (kind, q8) = match args[1].as_str() {
+        "fp8" => (Kind::Fp8, false),
+        "fp4" => (Kind::Fp4, false),
+        "fp4-fast" => (Kind::Fp4, true),
+        "bf16" => (Kind::Bf16, false),
+        _ => return println!("the format is fp4, fp8, bf16 or fp4-fast\n{USAGE}"),
     };
     let (Some(rows), Some(cols)) = (num(2, "ROWS"), num(3, "COLS")) else {
         return;
@@ -134,10 +149,10 @@ fn main() {
         );
     };
     match args[0].as_str() {
-        "decode" => decode(kind, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
+        "decode" => decode(kind, q8, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
         "prefill" => {
             let Some(n) = num(5, "TOKENS") else { return };
-            prefill(kind, rows, cols, tier, n, num(6, "ROUNDS").unwrap_or(5))
+            prefill(kind, q8, rows, cols, tier, n, num(6, "ROUNDS").unwrap_or(5))
         }
         _ => println!("{USAGE}"),
     }
