@@ -391,6 +391,7 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8_scaled:
 /// scaled (see `Simd::fp4`).
 #[inline(always)]
 fn fp4_group<S: Simd>(s: S, q: &[u8], scale: &[u8], r: usize, cols: usize, g: usize) -> [S::V; 4] {
+    const { assert!(S::FP4_GROUP == 2 * S::LANES || S::FP4_GROUP == 32) };
     let gs = S::FP4_GROUP;
     let t = s.fp4_scaled_table(scale[(r * cols + g * gs) / 32]);
     let b = &q[(r * cols + g * gs) / 2..][..gs / 2];
@@ -470,6 +471,9 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
     match w.rows {
         Rows::Fp4 { q, scale } => {
             let (rb, nb) = (cols / 2, cols / 32);
+            // a group lies in one scale block and is 2 or 4 chunks (`Simd::FP4_GROUP`)
+            const { assert!(S::FP4_GROUP == 2 * S::LANES || S::FP4_GROUP == 32) };
+            const { assert!(32 % S::FP4_GROUP == 0 && S::FP4_GROUP / S::LANES <= 4) };
             let (gs, gc) = (S::FP4_GROUP, S::FP4_GROUP / l);
             assert!(q.len() >= (r0 + R) * rb && scale.len() >= (r0 + R) * nb);
             let qp = q[r0 * rb..].as_ptr();
