@@ -64,6 +64,8 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// Columns per FP4 group and the column order inside one (`generic::Simd`).
     const FP4_GROUP: usize;
     fn fp4_col(k: usize) -> usize;
+    /// Tokens per fused pass for FP4 (`generic::Simd::FP4_PASS`).
+    const FP4_PASS: usize;
     /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
     /// stride, n), out = (out, os): decoded on the fly, each weight once for the n tokens.
     fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize));
@@ -288,9 +290,13 @@ pub(crate) fn matmul<K: Kernel>(
                 }
                 _ => &xp,
             };
+            let pass = match v.rows {
+                Rows::Fp4 { .. } => K::FP4_PASS.clamp(1, 4),
+                _ => 4,
+            };
             let mut t0 = 0;
             while t0 < n {
-                let nt = (n - t0).min(4);
+                let nt = (n - t0).min(pass);
                 k.dot_xt(&v, (&xp[t0 * cp..], cp, nt), (&mut o[t0..], n));
                 t0 += nt;
             }

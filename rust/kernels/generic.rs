@@ -81,6 +81,9 @@ pub(crate) trait Simd: Copy {
     /// Columns of one FP4 group, the unit `fp4` decodes: 2L (the default) or 32 (one
     /// whole scale block). G / L is 2 or 4.
     const FP4_GROUP: usize = 2 * Self::LANES;
+    /// Tokens per pass of the fused path for FP4 (1 to 4; see `driver::matmul`). Every
+    /// (row, token) result is the same whatever the pass, so this only sets the speed.
+    const FP4_PASS: usize = 4;
     /// The column (0..G, within its group) that lane k % L of chunk k / L of a decoded FP4
     /// group holds. The default: [L even columns, L odd columns].
     #[inline(always)]
@@ -170,6 +173,7 @@ macro_rules! simd_kernel {
         impl $crate::kernels::driver::Kernel for $tier {
             const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
             const FP4_GROUP: usize = <$tier as $crate::kernels::generic::Simd>::FP4_GROUP;
+            const FP4_PASS: usize = <$tier as $crate::kernels::generic::Simd>::FP4_PASS;
 
             fn fp4_col(k: usize) -> usize {
                 <$tier as $crate::kernels::generic::Simd>::fp4_col(k)
