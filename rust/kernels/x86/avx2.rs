@@ -158,8 +158,9 @@ impl Simd for Avx2 {
     const FP4_PASS: usize = 3;
 
     /// Chunk q, lane i of a block: lanes 0-3 come from the low nibbles (even columns),
-    /// lanes 4-7 from the high nibbles of the same bytes; chunks 0 and 1 take the low
-    /// 16-bit words of the interleaved bytes 0-7, chunks 2 and 3 bytes 8-15 (see `fp4`).
+    /// lanes 4-7 from the high nibbles of the same bytes; chunk 0 holds the even and chunk 1
+    /// the odd 16-bit words interleaved from bytes 0-7, chunks 2 and 3 likewise from bytes
+    /// 8-15 (see `fp4`).
     #[inline(always)]
     fn fp4_col(k: usize) -> usize {
         let (q, i) = (k / 8, k % 8);
