@@ -196,13 +196,12 @@ fn prep_x<K: Kernel>(m: &MatRef, x: &[f32], n: usize, cp: usize) -> Aligned {
     let cols = m.cols;
     let mut xp = Aligned::zeros(n * cp);
     let gs = K::FP4_GROUP;
-    let order: Vec<usize> = (0..gs).map(K::fp4_col).collect();
     for (xs, d) in x.chunks_exact(cols).zip(xp.chunks_exact_mut(cp)) {
         match m.w {
             Weights::Fp4 { .. } => {
                 for (xg, dg) in xs.chunks_exact(gs).zip(d.chunks_exact_mut(gs)) {
-                    for (v, &c) in dg.iter_mut().zip(&order) {
-                        *v = xg[c];
+                    for (k, v) in dg.iter_mut().enumerate() {
+                        *v = xg[K::fp4_col(k)];
                     }
                 }
             }
