@@ -302,10 +302,17 @@ fn kernel_tier() -> &'static str {
 }
 
 /// Whether fast and official numerics multiply FP8/FP4 matrices with `vdpbf16ps` (AVX-512
-/// tier on a CPU with avx512_bf16, unless `V4FLASH_BF16=off`).
+/// tier on a CPU with full-rate avx512_bf16; `V4FLASH_BF16=off` / `on` overrides).
 #[pyfunction]
 fn bf16_products() -> bool {
     crate::kernels::bf16_products()
+}
+
+/// How fast numerics multiplies FP8/FP4 matrices here: "bf16", "int8" (FP4 experts) or
+/// "f32" (the exact kernels: nothing faster on this CPU).
+#[pyfunction]
+fn fast_products() -> &'static str {
+    crate::kernels::fast_products().name()
 }
 
 /// Opens a checkpoint directory and validates its file structure; returns the tensor count.
@@ -698,6 +705,10 @@ impl PyModel {
             matches!(m.numerics, Numerics::Fast | Numerics::Official)
                 && crate::kernels::bf16_products(),
         )?;
+        d.set_item(
+            "fast_products",
+            (m.numerics == Numerics::Fast).then(|| crate::kernels::fast_products().name()),
+        )?;
         let (kns, kflops) = crate::kernels::kernel_counters();
         d.set_item("kernel_s", kns as f64 * 1e-9)?;
         d.set_item("kernel_gflop", kflops as f64 * 1e-9)?;
@@ -908,6 +919,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NUMERICS", pyo3::types::PyTuple::new(m.py(), numerics)?)?;
     m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
     m.add_function(wrap_pyfunction!(bf16_products, m)?)?;
+    m.add_function(wrap_pyfunction!(fast_products, m)?)?;
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(validate_config, m)?)?;
     m.add_function(wrap_pyfunction!(expected_tensors, m)?)?;

@@ -298,6 +298,7 @@ def run_bench(
         "kernel_tier": s2.get("kernel_tier"),
         "numerics": s2.get("numerics"),
         "bf16_products": s2.get("bf16_products"),
+        "fast_products": s2.get("fast_products"),
         "cache_policy": model.cache_policy,
         "io_engine": s2.get("io_engine"),
         "threads": s2.get("threads"),
@@ -404,7 +405,13 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
 
     fma = r.get("fma_peak_gflops")
     ram = "not set" if r["ram_gb"] is None else f"{r['ram_gb']:g} GB"
-    numerics = r["numerics"] + (" (bf16 products)" if r.get("bf16_products") else "")
+    numerics = r["numerics"] + (
+        " (bf16 products)"
+        if r.get("bf16_products")
+        else f" ({r['fast_products']} products)"
+        if r.get("fast_products")
+        else ""
+    )
     rows = [
         ("model", f"{r['model']} ({r['layers']} layers)"),
         ("kernels / numerics / threads", f"{r['kernel_tier']} / {numerics} / {r['threads']}"),

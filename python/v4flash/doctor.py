@@ -328,8 +328,17 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exa
 
 
 def _products(numerics: str) -> str:
-    """How fast and official numerics multiply, where the CPU has bf16 products."""
-    return " (bf16 products)" if numerics in ("fast", "official") and _core.bf16_products() else ""
+    """How fast and official numerics multiply on this CPU: bf16 products where it has them at
+    full rate; fast otherwise takes int8 FP4 products, or (AVX-512 without full-rate bf16)
+    the exact kernels, the fastest there."""
+    if numerics in ("fast", "official") and _core.bf16_products():
+        return " (bf16 products)"
+    if numerics == "fast":
+        return {
+            "int8": " (int8 FP4 products)",
+            "f32": " (= exact: f32 products are the fastest here)",
+        }.get(_core.fast_products(), "")
+    return ""
 
 
 def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:

@@ -128,10 +128,13 @@ pub enum Numerics {
     /// f32 activations everywhere (the mode the transformers oracle checks).
     #[default]
     Exact,
-    /// Reduced-precision activations for the FP8/FP4 products, whichever is fastest on the
-    /// CPU: rounded to bf16 for `vdpbf16ps` where `bf16_products()` (relative error 2^-9
-    /// per activation), else int8 per 32-column block for the FP4 expert products only
-    /// (see `quant`); everything else as `Exact`.
+    /// Reduced-precision activations for the FP8/FP4 products where the CPU has kernels
+    /// for them that outrun the f32 ones (`fast_products`): rounded to bf16 for
+    /// `vdpbf16ps` where `bf16_products()` (relative error 2^-9 per activation); int8 per
+    /// 32-column block for the FP4 expert products (see `quant`) on the AVX2, NEON and
+    /// portable tiers; on an AVX-512 CPU without full-rate bf16 products, where both lose
+    /// to the f32 kernels, nothing: there fast computes what `Exact` does. Everything else
+    /// as `Exact`.
     Fast,
     /// A measurement mode: DeepSeek's FP8 E4M3 activation round trip (blocks of 128,
     /// UE8M0 scale, `quant::fp8_act_qdq`) on the input of every FP8/FP4 product the model
@@ -189,11 +192,11 @@ impl Numerics {
 /// | numerics | FP8 / FP4 matrices, with bf16 products | without | other formats |
 /// |---|---|---|---|
 /// | `Exact` | f32 kernels | f32 kernels | f32 kernels |
-/// | `Fast` | x rounded to bf16, `vdpbf16ps` | FP4: int8 x per 32; FP8: f32 | f32 kernels |
+/// | `Fast` | x rounded to bf16, `vdpbf16ps` | AVX-512 tier: f32 kernels; others: FP4 int8 x per 32, FP8 f32 | f32 kernels |
 /// | `Fp8Act` | x through E4M3, f32 kernels | the same | f32 kernels |
 /// | `Official` | x through E4M3, `vdpbf16ps` | x through E4M3, f32 kernels | f32 kernels |
 ///
-/// "With bf16 products" is `bf16_products()`.
+/// "With bf16 products" is `bf16_products()`; fast's choice is `fast_products()`.
 pub fn matmul_in(
     numerics: Numerics,
     m: &MatRef,
@@ -225,31 +228,75 @@ pub fn matmul_in(
         }
     }
     match (numerics, m.w) {
-        (Numerics::Fast, Weights::Fp4 { .. }) => counted(m, &rows, n, || {
-            run_q8(active_tier(), m, rows.clone(), x, n, y)
-        }),
+        (Numerics::Fast, Weights::Fp4 { .. }) if fast_products() == FastProducts::Int8 => {
+            counted(m, &rows, n, || {
+                run_q8(active_tier(), m, rows.clone(), x, n, y)
+            })
+        }
         _ => matmul(m, rows, xs, n, y),
     }
 }
 
+/// How fast numerics multiplies FP8/FP4 matrices on this CPU (`fast_products`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FastProducts {
+    /// x rounded to bf16, `vdpbf16ps` (`bf16_products()`).
+    Bf16,
+    /// FP4: x quantized to int8 per 32-column block (`quant`); FP8: the f32 kernels.
+    Int8,
+    /// The f32 kernels: fast computes exactly what exact computes.
+    F32,
+}
+
+impl FastProducts {
+    pub fn name(self) -> &'static str {
+        match self {
+            FastProducts::Bf16 => "bf16",
+            FastProducts::Int8 => "int8",
+            FastProducts::F32 => "f32",
+        }
+    }
+}
+
+/// Fast numerics' products here: bf16 where `bf16_products()`; else the f32 kernels on the
+/// AVX-512 tier (its int8 path never beat them: 0.6-0.85x in prefill and at best a tie in
+/// decode on Zen 4, Zen 5 and a Sapphire Rapids class Xeon; benches/README.md); else int8
+/// (AVX2, NEON, portable).
+pub fn fast_products() -> FastProducts {
+    if bf16_products() {
+        FastProducts::Bf16
+    } else if active_tier() == Tier::Avx512 {
+        FastProducts::F32
+    } else {
+        FastProducts::Int8
+    }
+}
+
 /// The `vdpbf16ps` kernels fast and official numerics use for FP8/FP4 products: when the
-/// active tier is AVX-512, the CPU has avx512_bf16 and `V4FLASH_BF16=off` is not set
-/// (decided once). See `x86::bf16` for why official loses nothing to them.
+/// active tier is AVX-512, the CPU has avx512_bf16 and runs it at full rate
+/// (`x86::Bf16::full_rate`), decided once. `V4FLASH_BF16=off` turns them off,
+/// `V4FLASH_BF16=on` on wherever the CPU has avx512_bf16 (to measure them, and to test them
+/// on CPUs that would not pick them). See `x86::bf16` for why official loses nothing to
+/// them.
 #[cfg(target_arch = "x86_64")]
 fn bf16_kernel() -> Option<x86::Bf16> {
     static B: OnceLock<Option<x86::Bf16>> = OnceLock::new();
     *B.get_or_init(|| {
-        let off = std::env::var("V4FLASH_BF16").is_ok_and(|v| v == "off" || v == "0");
+        let env = std::env::var("V4FLASH_BF16").ok();
+        let (off, on) = match env.as_deref() {
+            Some("off" | "0") => (true, false),
+            Some("on" | "1") => (false, true),
+            _ => (false, false),
+        };
         if off || active_tier() != Tier::Avx512 {
             return None;
         }
-        x86::Bf16::detect()
+        x86::Bf16::detect().filter(|b| on || b.full_rate())
     })
 }
 
 /// Whether fast and official numerics multiply FP8/FP4 matrices with `vdpbf16ps` (else:
-/// fast takes int8 activations for FP4 and f32 for FP8; official the f32 kernels on its
-/// rounded activations).
+/// fast takes `fast_products()`; official the f32 kernels on its rounded activations).
 pub fn bf16_products() -> bool {
     #[cfg(target_arch = "x86_64")]
     return bf16_kernel().is_some();

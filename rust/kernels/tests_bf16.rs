@@ -221,6 +221,30 @@ fn bf16_is_bit_identical_across_threads_tokens_and_row_ranges() {
     }
 }
 
+/// What `bf16_products()` must be here: the AVX-512 tier on a CPU with avx512_bf16 that runs
+/// it at full rate (AMD), or any with avx512_bf16 under `V4FLASH_BF16=on`; never under
+/// `V4FLASH_BF16=off`.
+fn bf16_products_expected() -> bool {
+    let env = std::env::var("V4FLASH_BF16").ok();
+    let (off, on) = (
+        matches!(env.as_deref(), Some("off" | "0")),
+        matches!(env.as_deref(), Some("on" | "1")),
+    );
+    #[cfg(target_arch = "x86_64")]
+    let (has, full) = {
+        let has = std::arch::is_x86_feature_detected!("avx512bf16");
+        // CPUID leaf 0's vendor, read independently of the kernel's own helper
+        #[allow(unused_unsafe)]
+        // SAFETY: CPUID leaf 0 exists on every x86_64 CPU and reads identification only.
+        let r = unsafe { std::arch::x86_64::__cpuid(0) };
+        let amd = (r.ebx, r.edx, r.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+        (has, amd)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (has, full) = (false, false);
+    active_tier() == Tier::Avx512 && has && !off && (on || full)
+}
+
 #[test]
 fn fast_and_official_dispatch_to_bf16_exactly_when_the_cpu_has_it() {
     let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
@@ -242,8 +266,18 @@ fn fast_and_official_dispatch_to_bf16_exactly_when_the_cpu_has_it() {
             matmul(&mr, 0..40, v, n, &mut y);
             y
         };
-        // what fast takes without bf16 products: int8 for FP4, the f32 kernels for FP8
-        let fast_without = if kind == Kind::Fp4 {
+        // what fast takes without bf16 products: the f32 kernels on the AVX-512 tier; on
+        // the others int8 for FP4 and the f32 kernels for FP8
+        assert_eq!(bf16_products(), bf16_products_expected());
+        let want_products = if bf16_products() {
+            FastProducts::Bf16
+        } else if active_tier() == Tier::Avx512 {
+            FastProducts::F32
+        } else {
+            FastProducts::Int8
+        };
+        assert_eq!(fast_products(), want_products);
+        let fast_without = if kind == Kind::Fp4 && fast_products() == FastProducts::Int8 {
             let mut y = vec![0f32; n * 40];
             matmul_q8_tier(active_tier(), &mr, 0..40, x, n, &mut y).unwrap();
             y
@@ -252,11 +286,6 @@ fn fast_and_official_dispatch_to_bf16_exactly_when_the_cpu_has_it() {
         };
         match (run_bf16(&mr, 0..40, &xq, n), run_bf16(&mr, 0..40, x, n)) {
             (Ok(off_b), Ok(fast_b)) => {
-                assert_eq!(
-                    bf16_products(),
-                    active_tier() == Tier::Avx512
-                        && !std::env::var("V4FLASH_BF16").is_ok_and(|v| v == "off" || v == "0"),
-                );
                 let (off_want, fast_want) = if bf16_products() {
                     (off_b, fast_b)
                 } else {
