@@ -82,3 +82,20 @@ def test_lookahead_guesses_learned_layers_experts_and_changes_no_result(monkeypa
         assert 0 < s["lookahead_guessed_used"] <= min(s["lookahead_guessed"], s["lookahead_needed"])
         # the guesses were read ahead (beyond the hash layers' reads, which off also makes)
         assert s["expert_prefetches"] > s0["expert_prefetches"], kw
+
+
+def test_a_long_prompts_hash_layer_prefetches_do_not_evict_each_other(monkeypatch):
+    """Every hash layer's experts are known from the ids, but the cache holds only a few: the
+    read-aheads share half the cache in layer order, and the rest of a layer's are read while
+    the layer before computes its last experts. None is evicted before its request (before
+    the shared budget, each layer took half the cache and the later ones evicted the first's)."""
+    monkeypatch.setenv("V4FLASH_LOOKAHEAD", "0")  # only the hash layers read ahead
+    cfg = v4flash.load_config(TINY_A)
+    assert cfg.num_hash_layers >= 2
+    m = v4flash.load(TINY_A, expert_cache_mb=0.3)  # 15 slots for 96 experts
+    m.logits(list(range(3, 60)))  # each hash layer routes these tokens to most of its experts
+    s = m.stats()
+    # measured before the shared budget: 15 read ahead, 7 used; now 35 of 35
+    assert s["expert_prefetch_used"] == s["expert_prefetches"], s
+    # more than the cache holds: the later layers' were read while the one before computed
+    assert s["expert_prefetches"] > s["expert_slots"], s

@@ -65,19 +65,21 @@ impl MoeWeights {
     /// A guess at the experts a learned-routing layer will use, from `y` [n, H] (the caller
     /// passes the layer's pre-attention input through the FFN's mix and norm; the real input
     /// differs by the attention's output): this layer's router on it, the union of every
-    /// token's top k, ascending. None for hash layers (their experts are known exactly).
-    /// Only for prefetching: nothing computed depends on it.
+    /// token's top k, the experts more tokens picked first (ties ascending), so a prefetch
+    /// capped below the union reads the likeliest. None for hash layers (their experts are
+    /// known exactly). Only for prefetching: nothing computed depends on it.
     pub fn guess_experts(&self, c: &ModelConfig, y: &[f32], n: usize) -> Option<Vec<usize>> {
         if self.tid2eid.is_some() {
             return None;
         }
-        let mut v: Vec<usize> = self
-            .route(c, y, &[], n)
-            .into_iter()
-            .flat_map(|r| r.into_iter().map(|(e, _)| e))
-            .collect();
-        v.sort_unstable();
-        v.dedup();
+        let mut votes = vec![0usize; c.n_routed_experts];
+        for r in self.route(c, y, &[], n) {
+            for (e, _) in r {
+                votes[e] += 1;
+            }
+        }
+        let mut v: Vec<usize> = (0..votes.len()).filter(|&e| votes[e] > 0).collect();
+        v.sort_by(|&a, &b| votes[b].cmp(&votes[a]).then(a.cmp(&b)));
         Some(v)
     }
 
@@ -125,7 +127,9 @@ impl MoeWeights {
     }
 
     /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H] and the distinct
-    /// experts used, ascending.
+    /// experts used, ascending. `next`: the next layer and experts it is known to need (a
+    /// hash layer), prefetched into the slots left free once this layer's last wave is
+    /// pinned, so their reads overlap this layer's last experts and the next attention.
     ///
     /// Runs on the caller's thread, never on `pool`: waiting for experts (`acquire`,
     /// `wait_any`) happens here, and only pure compute is handed to the pool, so no pool
@@ -138,9 +142,8 @@ impl MoeWeights {
         store: &ExpertStore,
         pool: &rayon::ThreadPool,
         numerics: Numerics,
-        y: &[f32],
-        ids: &[u32],
-        n: usize,
+        (y, ids, n): (&[f32], &[u32], usize),
+        next: Option<(usize, &[usize])>,
     ) -> Result<(Vec<f32>, Vec<usize>)> {
         let (h, ne) = (c.hidden_size, c.n_routed_experts);
         let routes = pool.install(|| self.route(c, y, ids, n));
@@ -165,9 +168,16 @@ impl MoeWeights {
         let mut routed = vec![0f32; n * h]; // [n, H]
         let mut started = vec![false; n];
         let mut shared = None;
-        for wave in distinct.chunks(store.max_batch().max(1)) {
+        let waves = distinct.len().div_ceil(store.max_batch().max(1));
+        for (w, wave) in distinct.chunks(store.max_batch().max(1)).enumerate() {
             // holds no pins here: the previous wave's were dropped at the end of its loop
             let mut pins = store.acquire(layer, wave)?;
+            if w + 1 == waves {
+                if let Some((nl, es)) = next {
+                    // only this layer's computed experts and older entries are unpinned now
+                    store.prefetch(nl, es);
+                }
+            }
             if shared.is_none() {
                 // the first wave's reads are in flight: compute the shared expert meanwhile
                 shared = Some(pool.install(|| self.shared(c, numerics, y, n)));
