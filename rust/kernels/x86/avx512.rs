@@ -9,12 +9,14 @@
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
 use super::int8;
+use super::Prefetch;
 use crate::dtype::E2M1_LUT;
 use std::arch::x86_64::*;
 
-/// Proof that the CPU has this tier's features; only `detect` creates one.
+/// Proof that the CPU has this tier's features (and which read-ahead it takes); only `detect`
+/// creates one.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512(());
+pub(crate) struct Avx512(Prefetch);
 
 impl Avx512 {
     pub(crate) fn detect() -> Option<Self> {
@@ -24,7 +26,7 @@ impl Avx512 {
             && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then_some(Avx512(()))
+        ok.then(|| Avx512(Prefetch::detect()))
     }
 }
 
@@ -144,9 +146,9 @@ impl Simd for Avx512 {
 
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
-        // SAFETY: see the impl; `prefetcht0` reads nothing architecturally and never faults,
-        // whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
+        // whatever the address (`Prefetch::line` picks the level).
+        unsafe { self.0.line(p) }
     }
 
     #[inline(always)]

@@ -55,21 +55,8 @@ impl Bf16 {
     ///
     /// Other vendors are untested, so they keep the f32 kernels.
     pub(crate) fn full_rate(self) -> bool {
-        cpu_vendor() == *b"AuthenticAMD"
+        super::cpu_vendor() == *b"AuthenticAMD"
     }
-}
-
-/// The CPU's vendor string (CPUID leaf 0: EBX, EDX, ECX).
-fn cpu_vendor() -> [u8; 12] {
-    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU and only reads identification
-    // registers (the intrinsic is a safe fn on newer toolchains, hence the allow).
-    #[allow(unused_unsafe)]
-    let r = unsafe { __cpuid(0) };
-    let mut v = [0u8; 12];
-    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
-    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
-    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
-    v
 }
 
 /// bf16 columns per chunk (one `vdpbf16ps`).
