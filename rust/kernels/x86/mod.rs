@@ -31,17 +31,21 @@ pub(crate) fn cpu_vendor() -> [u8; 12] {
 /// elsewhere. A fixed rule on the vendor; a prefetch never changes a result. Measured
 /// (benches/README.md): on a Sapphire Rapids class Xeon, `t1` read the BF16 head 13-23 %
 /// faster than `t0` (FP8 and FP4, bound by their decode there, moved by neither) and whole
-/// runs decoded 3-5 % faster; `t0` is what Zen 5 was tuned with. The AVX2 tier keeps `t0`
-/// (there the whole runs moved by -2 %, within noise).
+/// runs decoded 4-11 % faster; `t0` is what Zen 5 was tuned with. The AVX2 tier keeps `t0`:
+/// there `t1` made whole runs decode 3-4 % slower on the same CPU.
 #[derive(Clone, Copy)]
 pub(crate) struct Prefetch {
     l2: bool,
 }
 
 impl Prefetch {
+    /// Decided once per process: the kernels build their tier's proof on every call
+    /// (`with_kernel!`), and CPUID is slow (a VM exit under a hypervisor: per call it took
+    /// 98 % of an 8,192-token prefill's samples, in the attention's `dot`).
     pub(crate) fn detect() -> Self {
+        static L2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         Prefetch {
-            l2: cpu_vendor() == *b"GenuineIntel",
+            l2: *L2.get_or_init(|| cpu_vendor() == *b"GenuineIntel"),
         }
     }
 
