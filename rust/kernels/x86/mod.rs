@@ -13,17 +13,23 @@ pub(crate) use bf16::Bf16;
 
 use std::arch::x86_64::__cpuid;
 
-/// The CPU's vendor string (CPUID leaf 0: EBX, EDX, ECX).
+/// The CPU's vendor string (CPUID leaf 0: EBX, EDX, ECX), read once per process: the
+/// kernels build their tier's proof on every call (`with_kernel!`), and CPUID is slow (a VM
+/// exit under a hypervisor: read per call it took 98 % of an 8,192-token prefill's samples,
+/// in the attention's `dot`).
 pub(crate) fn cpu_vendor() -> [u8; 12] {
-    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU and only reads identification
-    // registers (the intrinsic is a safe fn on newer toolchains, hence the allow).
-    #[allow(unused_unsafe)]
-    let r = unsafe { __cpuid(0) };
-    let mut v = [0u8; 12];
-    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
-    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
-    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
-    v
+    static VENDOR: std::sync::OnceLock<[u8; 12]> = std::sync::OnceLock::new();
+    *VENDOR.get_or_init(|| {
+        // SAFETY: CPUID leaf 0 exists on every x86_64 CPU and only reads identification
+        // registers (the intrinsic is a safe fn on newer toolchains, hence the allow).
+        #[allow(unused_unsafe)]
+        let r = unsafe { __cpuid(0) };
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        v
+    })
 }
 
 /// Where the AVX-512 tier's one-token read-ahead of the next block of rows goes
@@ -39,13 +45,9 @@ pub(crate) struct Prefetch {
 }
 
 impl Prefetch {
-    /// Decided once per process: the kernels build their tier's proof on every call
-    /// (`with_kernel!`), and CPUID is slow (a VM exit under a hypervisor: per call it took
-    /// 98 % of an 8,192-token prefill's samples, in the attention's `dot`).
     pub(crate) fn detect() -> Self {
-        static L2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         Prefetch {
-            l2: *L2.get_or_init(|| cpu_vendor() == *b"GenuineIntel"),
+            l2: cpu_vendor() == *b"GenuineIntel",
         }
     }
 
