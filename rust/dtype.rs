@@ -90,10 +90,20 @@ pub const E2M1_LUT: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
 ];
 
+/// The UE8M0 (F8_E8M0) encoding of NaN: no scale byte may hold it.
+pub const E8M0_NAN: u8 = 255;
+
+/// Where the first UE8M0 NaN lies in scale bytes, if anywhere. `memchr` scans with the CPU's
+/// vector instructions: a routed expert's scales are about 0.8 MB (one byte per 32 FP4
+/// weights), checked on the reading thread for every expert read, beside the compute.
+pub fn e8m0_nan(scales: &[u8]) -> Option<usize> {
+    memchr::memchr(E8M0_NAN, scales)
+}
+
 /// UE8M0 → f32: 2^(b-127). Byte 255 is NaN (the reader rejects it before any compute).
 #[inline]
 pub const fn e8m0_to_f32(b: u8) -> f32 {
-    if b == 255 {
+    if b == E8M0_NAN {
         return f32::NAN;
     }
     if b == 0 {
@@ -141,6 +151,22 @@ pub fn to_f32_vec(dtype: DType, bytes: &[u8]) -> Option<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e8m0_nan_finds_the_first_255_anywhere_in_a_long_run() {
+        // every other byte value is a finite scale; positions inside and across vector widths
+        let clean: Vec<u8> = (0..100_003).map(|i| (i % 255) as u8).collect();
+        assert_eq!(e8m0_nan(&clean), None);
+        assert_eq!(e8m0_nan(&[]), None);
+        for at in [0, 1, 15, 31, 32, 63, 64, 4_097, 99_999, 100_002] {
+            let mut s = clean.clone();
+            s[at] = 255;
+            if at + 7 < s.len() {
+                s[at + 7] = 255;
+            }
+            assert_eq!(e8m0_nan(&s), Some(at), "first NaN at {at}");
+        }
+    }
 
     #[test]
     fn e4m3_all_256_values_match_definition() {

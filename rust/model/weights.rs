@@ -233,7 +233,7 @@ fn matrix(name: &str, shape: &[usize]) -> Result<(usize, usize)> {
 
 /// Rejects the UE8M0 NaN encoding (255).
 pub fn check_scale(file: &str, name: &str, s: &[u8]) -> Result<()> {
-    if let Some(i) = s.iter().position(|&b| b == 255) {
+    if let Some(i) = crate::dtype::e8m0_nan(s) {
         return Err(Error::checkpoint(
             file,
             format!("tensor {name}: scale byte {i} is 255 (the F8_E8M0 NaN encoding); expected a finite power of two"),

@@ -98,7 +98,7 @@ pub(crate) fn scan_scales(
     k: usize,
     n_experts: usize,
 ) -> Result<()> {
-    if let Some(i) = bytes.iter().position(|&b| b == 255) {
+    if let Some(i) = crate::dtype::e8m0_nan(bytes) {
         let (l, e) = (key as usize / n_experts, key as usize % n_experts);
         return Err(Error::checkpoint(
             file,
