@@ -1,5 +1,5 @@
 """Numerics modes: `fast` (bf16 or int8 activations where those products are the fastest, else
-the exact kernels), `fp8-act` (DeepSeek's FP8
+the exact kernels; `V4FLASH_FAST_PRODUCTS=int8` forces the int8 path), `fp8-act` (DeepSeek's FP8
 activation round trip) and `official` (every round trip DeepSeek's reference applies) measured
 against `exact` on the committed fixtures, the determinism contract in every mode, and the
 option's plumbing (load, stats, CLI, errors). `official` is held to a torch reference layer by
@@ -18,7 +18,7 @@ from v4flash.cli import main as cli_main
 from v4flash.fidelity import kl_rows, measure
 
 MODES = [m for m in v4flash.NUMERICS if m != "exact"]
-# On an AVX-512 CPU without full-rate bf16 products, fast takes the exact kernels (both of its
+# On an x86 CPU without full-rate bf16 products, fast takes the exact kernels (its
 # reduced-precision paths lose to them there) and must then compute what exact computes.
 FAST_IS_EXACT = v4flash._core.fast_products() == "f32"
 
@@ -148,7 +148,8 @@ def test_numerics_is_reported_by_the_model_and_its_stats():
 def test_bf16_products_are_used_where_the_cpu_has_them_at_full_rate():
     """bf16 products where the CPU runs them faster than the f32 kernels (AMD Zen 4/5; an Intel
     Xeon with AMX runs them at half the f32 kernels' rate) or V4FLASH_BF16=on; fast otherwise
-    takes int8 FP4 products, except on the AVX-512 tier, where the f32 kernels beat both."""
+    takes the f32 kernels on the x86 tiers, where they beat both, and int8 FP4 products on the
+    others; V4FLASH_FAST_PRODUCTS=int8|f32 picks between those two."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     has = " avx512_bf16" in info and " avx512bw" in info
     amd = "AuthenticAMD" in info
@@ -157,7 +158,13 @@ def test_bf16_products_are_used_where_the_cpu_has_them_at_full_rate():
     tier = v4flash.kernel_tier()
     bf16 = has and tier == "avx512" and not forced_off and (amd or forced_on)
     assert v4flash._core.bf16_products() is bf16
-    want = "bf16" if bf16 else "f32" if tier == "avx512" else "int8"
+    forced = os.environ.get("V4FLASH_FAST_PRODUCTS")
+    if bf16:
+        want = "bf16"
+    elif forced in ("int8", "f32"):
+        want = forced
+    else:
+        want = "f32" if tier in ("avx512", "avx2") else "int8"
     assert v4flash._core.fast_products() == want
 
 

@@ -141,8 +141,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         choices=list(NUMERICS),
         default="exact",
         help="exact: float32 activations (checked against the reference); fast: bf16 "
-        "activations and bf16 products where the CPU has avx512_bf16, else int8 activations "
-        "for the FP4 expert products; fp8-act: DeepSeek's FP8 activation round "
+        "activations and bf16 products where the CPU runs them at full rate; int8 activations "
+        "for the FP4 expert products on ARM; elsewhere the same as exact; fp8-act: DeepSeek's FP8 activation round "
         "trip, for measuring; official: every quantization step DeepSeek's reference "
         "inference applies (activations, KV, indexer) (see README, Numerics)",
     )

@@ -329,8 +329,8 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exa
 
 def _products(numerics: str) -> str:
     """How fast and official numerics multiply on this CPU: bf16 products where it has them at
-    full rate; fast otherwise takes int8 FP4 products, or (AVX-512 without full-rate bf16)
-    the exact kernels, the fastest there."""
+    full rate; fast otherwise takes the exact kernels on x86 (the fastest there) or int8 FP4
+    products (ARM, portable)."""
     if numerics in ("fast", "official") and _core.bf16_products():
         return " (bf16 products)"
     if numerics == "fast":

@@ -131,10 +131,9 @@ pub enum Numerics {
     /// Reduced-precision activations for the FP8/FP4 products where the CPU has kernels
     /// for them that outrun the f32 ones (`fast_products`): rounded to bf16 for
     /// `vdpbf16ps` where `bf16_products()` (relative error 2^-9 per activation); int8 per
-    /// 32-column block for the FP4 expert products (see `quant`) on the AVX2, NEON and
-    /// portable tiers; on an AVX-512 CPU without full-rate bf16 products, where both lose
-    /// to the f32 kernels, nothing: there fast computes what `Exact` does. Everything else
-    /// as `Exact`.
+    /// 32-column block for the FP4 expert products (see `quant`) on the NEON and portable
+    /// tiers; on the x86 tiers without full-rate bf16 products, where both lose to the f32
+    /// kernels, nothing: there fast computes what `Exact` does. Everything else as `Exact`.
     Fast,
     /// A measurement mode: DeepSeek's FP8 E4M3 activation round trip (blocks of 128,
     /// UE8M0 scale, `quant::fp8_act_qdq`) on the input of every FP8/FP4 product the model
@@ -192,7 +191,7 @@ impl Numerics {
 /// | numerics | FP8 / FP4 matrices, with bf16 products | without | other formats |
 /// |---|---|---|---|
 /// | `Exact` | f32 kernels | f32 kernels | f32 kernels |
-/// | `Fast` | x rounded to bf16, `vdpbf16ps` | AVX-512 tier: f32 kernels; others: FP4 int8 x per 32, FP8 f32 | f32 kernels |
+/// | `Fast` | x rounded to bf16, `vdpbf16ps` | x86 tiers: f32 kernels; NEON, portable: FP4 int8 x per 32, FP8 f32 | f32 kernels |
 /// | `Fp8Act` | x through E4M3, f32 kernels | the same | f32 kernels |
 /// | `Official` | x through E4M3, `vdpbf16ps` | x through E4M3, f32 kernels | f32 kernels |
 ///
@@ -259,13 +258,31 @@ impl FastProducts {
 }
 
 /// Fast numerics' products here: bf16 where `bf16_products()`; else the f32 kernels on the
-/// AVX-512 tier (its int8 path never beat them: 0.6-0.85x in prefill and at best a tie in
-/// decode on Zen 4, Zen 5 and a Sapphire Rapids class Xeon; benches/README.md); else int8
-/// (AVX2, NEON, portable).
+/// x86 tiers, where the int8 path never beat them (AVX-512: 0.6-0.85x in prefill and at best
+/// a tie in decode on Zen 4, Zen 5 and a Sapphire Rapids class Xeon; AVX2, which has no
+/// integer dot product instruction: 0.8x in prefill and a tie in decode on Zen 3;
+/// benches/README.md); else int8 (NEON, which has `sdot`, and portable).
+/// `V4FLASH_FAST_PRODUCTS=int8` or `f32` picks between those two where bf16 products are not
+/// in use (to measure them, and to test the int8 path on x86), decided once.
 pub fn fast_products() -> FastProducts {
+    static P: OnceLock<Option<FastProducts>> = OnceLock::new();
+    let forced = *P.get_or_init(|| {
+        let s = std::env::var("V4FLASH_FAST_PRODUCTS").ok()?;
+        match s.as_str() {
+            "int8" => Some(FastProducts::Int8),
+            "f32" => Some(FastProducts::F32),
+            "" => None,
+            _ => {
+                eprintln!("v4flash: V4FLASH_FAST_PRODUCTS={s} is not int8 or f32, ignored");
+                None
+            }
+        }
+    });
     if bf16_products() {
         FastProducts::Bf16
-    } else if active_tier() == Tier::Avx512 {
+    } else if let Some(p) = forced {
+        p
+    } else if matches!(active_tier(), Tier::Avx512 | Tier::Avx2) {
         FastProducts::F32
     } else {
         FastProducts::Int8

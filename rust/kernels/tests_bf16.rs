@@ -266,12 +266,17 @@ fn fast_and_official_dispatch_to_bf16_exactly_when_the_cpu_has_it() {
             matmul(&mr, 0..40, v, n, &mut y);
             y
         };
-        // what fast takes without bf16 products: the f32 kernels on the AVX-512 tier; on
-        // the others int8 for FP4 and the f32 kernels for FP8
+        // what fast takes without bf16 products: the f32 kernels on the x86 tiers; on the
+        // others int8 for FP4 and the f32 kernels for FP8; `V4FLASH_FAST_PRODUCTS` overrides
         assert_eq!(bf16_products(), bf16_products_expected());
+        let forced = std::env::var("V4FLASH_FAST_PRODUCTS").ok();
         let want_products = if bf16_products() {
             FastProducts::Bf16
-        } else if active_tier() == Tier::Avx512 {
+        } else if forced.as_deref() == Some("int8") {
+            FastProducts::Int8
+        } else if forced.as_deref() == Some("f32")
+            || matches!(active_tier(), Tier::Avx512 | Tier::Avx2)
+        {
             FastProducts::F32
         } else {
             FastProducts::Int8
