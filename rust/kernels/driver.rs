@@ -22,7 +22,10 @@
 //! (|x * s| >= 2^-126 or 0; activations are O(1) and scales near 2^-8, so only exact zeros
 //! come near it): then the FMA chains round the same values and both paths agree to the bit.
 //! FP8 decodes through f16 to `e4m3 / 256` (see the SIMD tiers); the `* 256` is applied once
-//! at the end, which is exact.
+//! at the end, which is exact. In the fused path a tier may take the weights as their bits
+//! instead (`Simd::fp8_bits`: e4m3 * 2^-120, no conversion instruction) against an x scaled
+//! by a further 2^112: the same exact products, so the same bits; where x * s * 2^112 would
+//! not be finite the driver keeps the f16 route (`scale_x`).
 //! Because the fused path (one token included) and the panel path perform this same
 //! sequence of operations on the same values, each token's result is bit-identical to
 //! computing it alone.
@@ -53,6 +56,10 @@ pub(crate) struct RowsView<'a> {
     pub rows: Rows<'a>,
     pub nrows: usize,
     pub cols: usize,
+    /// FP8 in the fused path only: x holds the block scales times 2^112 (`scale_x`), so the
+    /// weights enter as `Simd::fp8_bits` (e4m3 * 2^-120) instead of `Simd::fp8` (e4m3 *
+    /// 2^-8): the same products, hence the same bits.
+    pub fp8_bits: bool,
 }
 
 /// One kernel tier. Values of implementing types exist only when the CPU supports the
@@ -66,6 +73,8 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     fn fp4_col(k: usize) -> usize;
     /// Tokens per fused pass for FP4 (`generic::Simd::FP4_PASS`).
     const FP4_PASS: usize;
+    /// Whether the fused FP8 path takes the weights as their bits (`generic::Simd::FP8_BITS`).
+    const FP8_BITS: bool;
     /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
     /// stride, n), out = (out, os): decoded on the fly, each weight once for the n tokens.
     fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize));
@@ -186,6 +195,7 @@ pub(super) fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
         rows,
         nrows: r.len(),
         cols: c,
+        fp8_bits: false,
     }
 }
 
@@ -211,23 +221,41 @@ fn prep_x<K: Kernel>(m: &MatRef, x: &[f32], n: usize, cp: usize) -> Aligned {
     xp
 }
 
+/// 2^112: x times this meets weights decoded as `Simd::fp8_bits` (e4m3 * 2^-120) in the
+/// same products as x meets `Simd::fp8` (e4m3 * 2^-8).
+const FP8_BITS_X: f32 = (1u128 << 112) as f32;
+
 /// xp [n, cp] with column c of every token times the FP8 block scale of c (`scale`: one
-/// row of 128x128 block scales, [ceil(cols / 128)]); the padding stays zero.
-fn scale_x(xp: &[f32], n: usize, cp: usize, cols: usize, scale: &[u8]) -> Aligned {
+/// row of 128x128 block scales, [ceil(cols / 128)]), and with `bits` times 2^112 as well
+/// (for `Simd::fp8_bits`); the padding stays zero. Also whether every value is finite
+/// (with `bits` it may not be: a block scale of 2^16 or more, a huge x; then the caller
+/// scales without it). Both factors are powers of two, so where the result is finite and
+/// normal each product with a weight is the one the path without `bits` forms.
+fn scale_x(
+    xp: &[f32],
+    n: usize,
+    cp: usize,
+    cols: usize,
+    scale: &[u8],
+    bits: bool,
+) -> (Aligned, bool) {
     let mut xs = Aligned::zeros(n * cp);
+    let extra = if bits { FP8_BITS_X } else { 1.0 };
+    let mut finite = true;
     for (src, dst) in xp.chunks_exact(cp).zip(xs.chunks_exact_mut(cp)) {
         for ((s, d), &sb) in src[..cols]
             .chunks(128)
             .zip(dst[..cols].chunks_mut(128))
             .zip(scale)
         {
-            let f = e8m0_to_f32(sb);
+            let f = e8m0_to_f32(sb) * extra;
             for (a, b) in s.iter().zip(d.iter_mut()) {
                 *b = a * f;
+                finite &= b.is_finite();
             }
         }
     }
-    xs
+    (xs, finite)
 }
 
 /// Rows per parallel task: enough tasks to balance the pool, at most one FP8 row block.
@@ -280,11 +308,22 @@ pub(crate) fn matmul<K: Kernel>(
         // weight once for a block of up to TOKEN_BLOCK tokens (FP8: scaling the decoded
         // weights, as a [n, cols] copy of x per task would cost more than it saves)
         if n <= FUSED_MAX {
-            let v = view(m, tr.clone());
+            let mut v = view(m, tr.clone());
             let scaled;
             let xp: &[f32] = match v.rows {
                 Rows::Fp8 { scale, .. } => {
-                    scaled = scale_x(&xp, n, cp, m.cols, scale);
+                    // the weights as their bits where the tier prefers that and x times
+                    // 2^112 stays finite; else through `Simd::fp8`
+                    let (mut xs, mut bits) = (None, false);
+                    if K::FP8_BITS {
+                        let (x, finite) = scale_x(&xp, n, cp, m.cols, scale, true);
+                        (xs, bits) = (finite.then_some(x), finite);
+                    }
+                    v.fp8_bits = bits;
+                    scaled = match xs {
+                        Some(x) => x,
+                        None => scale_x(&xp, n, cp, m.cols, scale, false).0,
+                    };
                     &scaled
                 }
                 _ => &xp,

@@ -63,6 +63,33 @@ pub(crate) trait Simd: Copy {
         // SAFETY: the caller's contract covers both halves.
         unsafe { (self.fp8(p), self.fp8(p.add(Self::LANES))) }
     }
+    /// Whether the one-token and fused FP8 loops take the weights as their bits
+    /// (`fp8_bits`) when the driver could scale x by 2^112 (`driver::scale_x`): set by the
+    /// tiers on which that decode is the faster one (measured).
+    const FP8_BITS: bool = false;
+    /// L bytes of e4m3 as e4m3 * 2^-120: each byte's sign, exponent and mantissa bits put in
+    /// place in an f32 (exponent field = the e4m3 exponent field, so subnormal e4m3 values
+    /// become subnormal f32s, exactly). The default goes through `fp8`, exactly (a product
+    /// with a power of two whose result, at least 2^-129, f32 holds); a tier overrides it
+    /// with integer shifts, no conversion instruction.
+    ///
+    /// # Safety
+    /// `p` is valid for reading L bytes.
+    #[inline(always)]
+    unsafe fn fp8_bits(self, p: *const u8) -> Self::V {
+        // SAFETY: the caller's contract.
+        let w = unsafe { self.fp8(p) };
+        self.mul(w, self.splat(FP8_BITS_FROM_F16))
+    }
+    /// 2L bytes of e4m3: `(fp8_bits(p), fp8_bits(p + L))`.
+    ///
+    /// # Safety
+    /// `p` is valid for reading 2L bytes.
+    #[inline(always)]
+    unsafe fn fp8_bits_pair(self, p: *const u8) -> (Self::V, Self::V) {
+        // SAFETY: the caller's contract covers both halves.
+        unsafe { (self.fp8_bits(p), self.fp8_bits(p.add(Self::LANES))) }
+    }
     /// 2L bytes of little-endian bf16.
     ///
     /// # Safety
@@ -174,6 +201,7 @@ macro_rules! simd_kernel {
             const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
             const FP4_GROUP: usize = <$tier as $crate::kernels::generic::Simd>::FP4_GROUP;
             const FP4_PASS: usize = <$tier as $crate::kernels::generic::Simd>::FP4_PASS;
+            const FP8_BITS: bool = <$tier as $crate::kernels::generic::Simd>::FP8_BITS;
 
             fn fp4_col(k: usize) -> usize {
                 <$tier as $crate::kernels::generic::Simd>::fp4_col(k)
@@ -339,11 +367,23 @@ fn st<S: Simd>(s: S, v: &mut [f32], i: usize, a: S::V) {
 /// Room for the zero-padded last chunk of a row (L <= 16).
 const TAIL: usize = 32;
 
+/// `Simd::fp8` gives e4m3 / 2^8 and `Simd::fp8_bits` e4m3 / 2^120: the ratio.
+const FP8_BITS_FROM_F16: f32 = 1.0 / (1u128 << 112) as f32;
+
+/// How `chunk` decodes an FP8 chunk: times its block scale (the panel path), unscaled
+/// (`Simd::fp8`: the fused path, whose x holds the block scales), or as its bits
+/// (`Simd::fp8_bits`: the fused path whose x holds the block scales times 2^112).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fp8As {
+    Scaled,
+    Unscaled,
+    Bits,
+}
+
 /// Chunk c of row r (of `cols` columns), decoded; the last one zero padded. Not FP4. FP8
-/// times its block scale if `fp8_scaled` (the prefill path), else unscaled (the one-token
-/// path, whose x the driver scaled).
+/// as `fp8` says (see `Fp8As`).
 #[inline(always)]
-fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8_scaled: bool) -> S::V {
+fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8: Fp8As) -> S::V {
     let l = S::LANES;
     let j = c * l;
     let n = l.min(cols - j);
@@ -380,11 +420,12 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8_scaled:
                 &b[..l]
             };
             // SAFETY: `v` holds L bytes.
-            let w = unsafe { s.fp8(v.as_ptr()) };
-            if fp8_scaled {
-                s.mul(w, s.splat(e8m0_to_f32(scale[j / 128])))
-            } else {
-                w // the one-token path: the driver put the block scales in x
+            let (w, bits) = unsafe { (s.fp8(v.as_ptr()), s.fp8_bits(v.as_ptr())) };
+            match fp8 {
+                Fp8As::Scaled => s.mul(w, s.splat(e8m0_to_f32(scale[j / 128]))),
+                // the fused path: the driver put the block scales in x
+                Fp8As::Unscaled => w,
+                Fp8As::Bits => bits,
             }
         }
         Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
@@ -508,10 +549,31 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
         Rows::Fp8 { q, scale } => {
             assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
             let qp = q[r0 * cols..].as_ptr();
-            // the block scales are in xp already (`driver::scale_x`); two chunks per step
-            // where the tier pairs them (`fp8_pair`), each row's FMAs still in chunk order
+            // the block scales are in xp already (`driver::scale_x`), times 2^112 with
+            // `fp8_bits` (then the weights enter as their bits, 16 bytes per step: the
+            // same products)
             let mut c = 0;
-            while S::FP8_PAIR && c + 2 <= full {
+            while S::FP8_BITS && w.fp8_bits && c + 2 <= full {
+                prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
+                // SAFETY: (c + 2) L <= cols (see above).
+                let (x0, x1) = unsafe {
+                    (
+                        x_chunks::<S, T>(s, xpp, xs, c * l),
+                        x_chunks::<S, T>(s, xpp, xs, (c + 1) * l),
+                    )
+                };
+                for k in 0..R {
+                    // SAFETY: each row's 2L bytes from cL lie inside that row (rows asserted
+                    // inside q above).
+                    let (w0, w1) = unsafe { s.fp8_bits_pair(qp.add(k * cols + c * l)) };
+                    fma_tokens(s, w0, &x0, &mut acc[k]);
+                    fma_tokens(s, w1, &x1, &mut acc[k]);
+                }
+                c += 2;
+            }
+            // two chunks per step where the tier pairs them (`fp8_pair`), each row's FMAs
+            // still in chunk order
+            while !w.fp8_bits && S::FP8_PAIR && c + 2 <= full {
                 prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
                 // SAFETY: (c + 2) L <= cols (see above).
                 let (x0, x1) = unsafe {
@@ -535,7 +597,13 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
                 let xv = unsafe { x_chunks::<S, T>(s, xpp, xs, c * l) };
                 for k in 0..R {
                     // SAFETY: as above, for one chunk.
-                    let wv = unsafe { s.fp8(qp.add(k * cols + c * l)) };
+                    let wv = unsafe {
+                        if w.fp8_bits {
+                            s.fp8_bits(qp.add(k * cols + c * l))
+                        } else {
+                            s.fp8(qp.add(k * cols + c * l))
+                        }
+                    };
                     fma_tokens(s, wv, &xv, &mut acc[k]);
                 }
                 c += 1;
@@ -574,7 +642,12 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
     }
     if !matches!(w.rows, Rows::Fp4 { .. }) && full * l < cols {
         for k in 0..R {
-            let wv = chunk(s, w.rows, r0 + k, cols, full, false);
+            let how = if w.fp8_bits {
+                Fp8As::Bits
+            } else {
+                Fp8As::Unscaled
+            };
+            let wv = chunk(s, w.rows, r0 + k, cols, full, how);
             for t in 0..T {
                 acc[k][t] = s.fma(wv, ld(s, xp, t * xs + full * l), acc[k][t]);
             }
@@ -663,12 +736,22 @@ fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mu
                     c += 2;
                 }
                 for c in c..c1 {
-                    st(s, row, (c - c0) * l, chunk(s, w.rows, r, cols, c, true));
+                    st(
+                        s,
+                        row,
+                        (c - c0) * l,
+                        chunk(s, w.rows, r, cols, c, Fp8As::Scaled),
+                    );
                 }
             }
             _ => {
                 for c in c0..c1 {
-                    st(s, row, (c - c0) * l, chunk(s, w.rows, r, cols, c, true));
+                    st(
+                        s,
+                        row,
+                        (c - c0) * l,
+                        chunk(s, w.rows, r, cols, c, Fp8As::Scaled),
+                    );
                 }
             }
         }

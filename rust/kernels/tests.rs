@@ -449,6 +449,48 @@ fn kernels_e8m0_all_exponents_exact() {
     }
 }
 
+/// The fused FP8 path scales x by its block scales times 2^112 where a tier decodes the
+/// weights as their bits (`Simd::fp8_bits`); an x that this would overflow (here 2^100)
+/// must take the f16 route instead and give the same exact values as the panel path.
+#[test]
+fn kernels_fp8_huge_x_stays_finite_and_exact() {
+    let (rows, cols) = (3, 256);
+    // row r: 1.0 (0x38) everywhere, times 2^r through its bytes' exponent (0x38 + 8r)
+    let q: Vec<u8> = (0..rows).flat_map(|r| [0x38 + 8 * r as u8; 256]).collect();
+    let scale = [127u8, 127];
+    let m = MatRef::new(
+        rows,
+        cols,
+        Weights::Fp8 {
+            q: &q,
+            scale: &scale,
+        },
+    )
+    .unwrap();
+    let big = 2f32.powi(100);
+    let mut x = vec![0f32; cols];
+    x[5] = big;
+    x[200] = -3.0;
+    let xs: Vec<f32> = (0..9).flat_map(|_| x.iter().copied()).collect();
+    for tier in tiers() {
+        let one = run_tier(tier, &m, 0..rows, &x, 1);
+        let many = run_tier(tier, &m, 0..rows, &xs, 9);
+        for r in 0..rows {
+            // 2^(100 + r) - 3 * 2^r rounds to 2^(100 + r) in f32
+            let want = big * 2f32.powi(r as i32);
+            assert_eq!(one[r], want, "{} row {r}", tier.name());
+            for t in 0..9 {
+                assert_eq!(
+                    many[t * rows + r],
+                    want,
+                    "{} row {r} token {t}",
+                    tier.name()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn kernels_bf16_unaligned_weights() {
     // bf16 bytes starting at an odd address
