@@ -1,6 +1,8 @@
 //! The tier-independent half of `matmul`: splitting rows into tasks, preparing x, and
 //! choosing between the fused path (up to `FUSED_MAX` tokens, in passes of up to 4 that
-//! decode each weight once into registers) and the decode-then-multiply panel path.
+//! decode each weight once into registers; FP4 on tiers that choose it, from
+//! `FP4_PANELS_FROM` tokens: `generic::fp4_panels`, one decode for all of them) and the
+//! decode-then-multiply panel path.
 //!
 //! Every tier computes one (row, token) output the same way, whatever n, the row range or
 //! the thread count:
@@ -75,9 +77,21 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     const FP4_PASS: usize;
     /// Whether the fused FP8 path takes the weights as their bits (`generic::Simd::FP8_BITS`).
     const FP8_BITS: bool;
+    /// The fewest tokens for which FP4 rows go through `fp4_panels`
+    /// (`generic::Simd::FP4_PANELS_FROM`).
+    const FP4_PANELS_FROM: usize;
     /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
     /// stride, n), out = (out, os): decoded on the fly, each weight once for the n tokens.
     fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize));
+    /// FP4 rows, 4 to 8 tokens: as `dot_xt` with every weight decoded once for all the
+    /// tokens (`generic::fp4_panels`); `accs` is scratch of at least nrows * n * LANES f32.
+    fn fp4_panels(
+        self,
+        w: &RowsView,
+        x: (&[f32], usize, usize),
+        out: (&mut [f32], usize),
+        accs: &mut [f32],
+    );
     /// out[r, t] = dot(row r, x[t]) for the rows of `w` (at most GROUP) and n tokens, x =
     /// (xp, stride, n): tokens `stride` apart in the tier's column layout. Decodes the rows
     /// panel by panel into `pbuf` (at least GROUP * `generic::PSTRIDE` f32); `accs` is
@@ -307,7 +321,11 @@ pub(crate) fn matmul<K: Kernel>(
         // the block scales go into x, `scale_x`); more: the panel path, which decodes each
         // weight once for a block of up to TOKEN_BLOCK tokens (FP8: scaling the decoded
         // weights, as a [n, cols] copy of x per task would cost more than it saves)
-        if n <= FUSED_MAX {
+        let fp4 = matches!(m.w, Weights::Fp4 { .. });
+        if fp4 && n <= FUSED_MAX && n >= K::FP4_PANELS_FROM.max(4) {
+            let mut accs = Aligned::zeros(tr.len() * n * K::LANES);
+            k.fp4_panels(&view(m, tr.clone()), (&xp, cp, n), (o, n), &mut accs);
+        } else if n <= FUSED_MAX {
             let mut v = view(m, tr.clone());
             let scaled;
             let xp: &[f32] = match v.rows {

@@ -21,8 +21,8 @@
 //! `core_arch` symbols.
 //!
 //! Every (row, token) output is one FMA chain over the chunks in order followed by
-//! `Simd::hsum`, in both the fused path for few tokens (`rows_xt`) and the prefill path (`decode_panel` +
-//! `gemm`), as `driver` requires.
+//! `Simd::hsum`, in the fused path for few tokens (`rows_xt`, and `fp4_panels` for FP4 where
+//! a tier takes it) and in the prefill path (`decode_panel` + `gemm`), as `driver` requires.
 
 use super::driver::{Rows, RowsView};
 use crate::dtype::e8m0_to_f32;
@@ -63,6 +63,11 @@ pub(crate) trait Simd: Copy {
         // SAFETY: the caller's contract covers both halves.
         unsafe { (self.fp8(p), self.fp8(p.add(Self::LANES))) }
     }
+    /// The fewest tokens (4 to 8) for which the fused path multiplies FP4 rows through
+    /// `fp4_panels` (each weight group decoded once for all of them) rather than in passes
+    /// of `FP4_PASS` tokens; more than 8 (the default) never: set by the tiers on which that
+    /// is the faster one (measured).
+    const FP4_PANELS_FROM: usize = usize::MAX;
     /// Whether the one-token and fused FP8 loops take the weights as their bits
     /// (`fp8_bits`) when the driver could scale x by 2^112 (`driver::scale_x`): set by the
     /// tiers on which that decode is the faster one (measured).
@@ -202,6 +207,8 @@ macro_rules! simd_kernel {
             const FP4_GROUP: usize = <$tier as $crate::kernels::generic::Simd>::FP4_GROUP;
             const FP4_PASS: usize = <$tier as $crate::kernels::generic::Simd>::FP4_PASS;
             const FP8_BITS: bool = <$tier as $crate::kernels::generic::Simd>::FP8_BITS;
+            const FP4_PANELS_FROM: usize =
+                <$tier as $crate::kernels::generic::Simd>::FP4_PANELS_FROM;
 
             fn fp4_col(k: usize) -> usize {
                 <$tier as $crate::kernels::generic::Simd>::fp4_col(k)
@@ -229,6 +236,38 @@ macro_rules! simd_kernel {
                 // SAFETY: `self` exists only once the CPU was found to have the features
                 // `go` enables.
                 unsafe { go(self, w, x, out) }
+            }
+
+            fn fp4_panels(
+                self,
+                w: &RowsView,
+                x: (&[f32], usize, usize),
+                out: (&mut [f32], usize),
+                accs: &mut [f32],
+            ) {
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(
+                    s: $tier,
+                    w: &RowsView,
+                    (xp, xs, n): (&[f32], usize, usize),
+                    out: (&mut [f32], usize),
+                    accs: &mut [f32],
+                ) {
+                    use $crate::kernels::generic::{fp4_panels, FP4_PANEL_ROWS as R};
+                    let x = (xp, xs);
+                    match n {
+                        4 => fp4_panels::<_, { R[4] }, 4>(s, w, x, out, accs),
+                        5 => fp4_panels::<_, { R[5] }, 5>(s, w, x, out, accs),
+                        6 => fp4_panels::<_, { R[6] }, 6>(s, w, x, out, accs),
+                        7 => fp4_panels::<_, { R[7] }, 7>(s, w, x, out, accs),
+                        _ => fp4_panels::<_, { R[8] }, 8>(s, w, x, out, accs),
+                    }
+                }
+                assert!((4..=8).contains(&x.2), "fp4_panels takes 4 to 8 tokens");
+                // SAFETY: as in `dot_xt`.
+                unsafe { go(self, w, x, out, accs) }
             }
 
             fn gemm(
@@ -692,6 +731,136 @@ pub(crate) fn dot_xt<S: Simd, const R: usize, const T: usize>(
     while r < w.nrows {
         out[r * os..][..T].copy_from_slice(&rows_xt::<S, 1, T>(s, w, r, x, &tables)[0]);
         r += 1;
+    }
+}
+
+/// Rows per tile of `fp4_panels` for T tokens (index T, 4 to 8): R x T accumulators, the 4
+/// decoded chunks of one row and the decode's temporaries within 16 registers, and at least
+/// 8 independent FMA chains where that fits (T >= 5: one row, T chains).
+pub(crate) const FP4_PANEL_ROWS: [usize; 9] = [0, 0, 0, 0, 2, 1, 1, 1, 1];
+
+/// Columns per panel of `fp4_panels`: the T tokens' x of one panel (T x 2 KiB) stays in L1
+/// while every row of the task passes over it.
+const FP4_PANEL_COLS: usize = 512;
+
+/// out[r * os + t] = dot(row r, xp[t]) for every FP4 row of `w` and T tokens (4 to 8; xp holds them
+/// `xs` apart): each weight group decoded once, into registers, for all T tokens (the fused
+/// path decodes it once per pass of `Simd::FP4_PASS` tokens). Panel by panel
+/// (`FP4_PANEL_COLS` columns), R rows at a time (`FP4_PANEL_ROWS`), each token's x read
+/// from memory (from L1) at every multiply-add; the (row, token) accumulators wait in
+/// `accs` ([nrows, T, L]) between panels. Each (row, token) output is the FMA chain over
+/// the chunks in order that `rows_xt` forms, then `hsum`: the same bits.
+#[inline(always)]
+pub(crate) fn fp4_panels<S: Simd, const R: usize, const T: usize>(
+    s: S,
+    w: &RowsView,
+    (xp, xs): (&[f32], usize),
+    (out, os): (&mut [f32], usize),
+    accs: &mut [f32],
+) {
+    let Rows::Fp4 { q, scale } = w.rows else {
+        unreachable!("fp4_panels takes FP4 rows")
+    };
+    let (l, cols, nrows) = (S::LANES, w.cols, w.nrows);
+    const { assert!(S::FP4_GROUP == 2 * S::LANES || S::FP4_GROUP == 32) };
+    const { assert!(32 % S::FP4_GROUP == 0 && S::FP4_GROUP / S::LANES <= 4) };
+    let gs = S::FP4_GROUP;
+    let (rb, nb, ng) = (cols / 2, cols / 32, cols / gs);
+    assert!(cols % 32 == 0 && q.len() >= nrows * rb && scale.len() >= nrows * nb);
+    assert!(xs >= cols && xp.len() >= (T - 1) * xs + cols);
+    assert!(accs.len() >= nrows * T * l);
+    assert!(os >= T && (nrows == 0 || out.len() >= (nrows - 1) * os + T));
+    let mut tables = [s.splat(0.0); 256];
+    for (b, t) in tables.iter_mut().enumerate() {
+        *t = s.fp4_scaled_table(b as u8);
+    }
+    let gp = FP4_PANEL_COLS / gs;
+    let mut g0 = 0;
+    while g0 < ng {
+        let gr = (g0, (g0 + gp).min(ng));
+        let mut r = 0;
+        while r + R <= nrows {
+            fp4_panel_rows::<S, R, T>(s, w, r, gr, (xp, xs), accs, &tables);
+            r += R;
+        }
+        while r < nrows {
+            fp4_panel_rows::<S, 1, T>(s, w, r, gr, (xp, xs), accs, &tables);
+            r += 1;
+        }
+        g0 = gr.1;
+    }
+    for r in 0..nrows {
+        for t in 0..T {
+            out[r * os + t] = s.hsum(ld(s, accs, (r * T + t) * l));
+        }
+    }
+}
+
+/// Rows r0..r0 + R of `fp4_panels` over groups g0..g1: the accumulators from `accs` (zero
+/// for the first panel), every group decoded once and multiplied with the T tokens, the
+/// accumulators back to `accs`.
+#[inline(always)]
+fn fp4_panel_rows<S: Simd, const R: usize, const T: usize>(
+    s: S,
+    w: &RowsView,
+    r0: usize,
+    (g0, g1): (usize, usize),
+    (xp, xs): (&[f32], usize),
+    accs: &mut [f32],
+    tables: &[S::V; 256],
+) {
+    let Rows::Fp4 { q, scale } = w.rows else {
+        unreachable!("fp4_panels takes FP4 rows")
+    };
+    let (l, cols) = (S::LANES, w.cols);
+    let (gs, gc) = (S::FP4_GROUP, S::FP4_GROUP / l);
+    let (rb, nb) = (cols / 2, cols / 32);
+    // what `fp4_panels` asserted, for these rows and groups
+    assert!(r0 + R <= w.nrows && g1 * gs <= cols);
+    assert!(q.len() >= (r0 + R) * rb && scale.len() >= (r0 + R) * nb);
+    assert!(xp.len() >= (T - 1) * xs + g1 * gs && accs.len() >= (r0 + R) * T * l);
+    let (qp, sp, xpp, ap) = (q.as_ptr(), scale.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
+    // The bytes of this panel in the next rows (a few lines per row, rows `rb` apart: too
+    // short for the hardware prefetchers, so without this every row waits on memory).
+    let (p0, p1) = (g0 * gs / 2, g1 * gs / 2);
+    for k in R..R + R.max(2) {
+        let row = qp.wrapping_add((r0 + k) * rb);
+        let mut o = p0 & !63;
+        while o < p1 {
+            s.prefetch(row.wrapping_add(o));
+            o += 64;
+        }
+        s.prefetch(sp.wrapping_add((r0 + k) * nb + g0 * gs / 32));
+    }
+    let mut acc = [[s.splat(0.0); T]; R];
+    // SAFETY: rows r0..r0 + R, groups g0..g1 (their bytes, scale bytes and x columns) and
+    // the rows' accumulators lie inside q, scale, xp and accs (asserted above).
+    unsafe {
+        if g0 > 0 {
+            for k in 0..R {
+                for t in 0..T {
+                    acc[k][t] = s.load(ap.add(((r0 + k) * T + t) * l));
+                }
+            }
+        }
+        for g in g0..g1 {
+            let b = g * gs / 32;
+            for k in 0..R {
+                let t = &tables[*sp.add((r0 + k) * nb + b) as usize];
+                let wv = s.fp4(qp.add((r0 + k) * rb + g * gs / 2), t);
+                for c in 0..gc {
+                    for t in 0..T {
+                        let xv = s.load(xpp.add(t * xs + (g * gc + c) * l));
+                        acc[k][t] = s.fma(wv[c], xv, acc[k][t]);
+                    }
+                }
+            }
+        }
+        for k in 0..R {
+            for t in 0..T {
+                s.store(ap.add(((r0 + k) * T + t) * l), acc[k][t]);
+            }
+        }
     }
 }
 

@@ -184,6 +184,12 @@ impl Simd for Avx2 {
     /// (FP4 2048 x 4096, GFLOP/s), 3 tokens 110, 4 tokens 86, so passes of at most 3.
     const FP4_PASS: usize = 3;
 
+    /// FP4 with 4 to 8 tokens: each group decoded once for all of them (`fp4_panels`), not
+    /// once per pass of 3. Measured on Zen 3 (FP4 2048 x 4096, 1 thread, GFLOP/s, passes ->
+    /// panels): 4 tokens 28-33 -> 45-46, 6 tokens 37-39 -> 39-48, 8 tokens 25-32 -> 36-40;
+    /// 2 and 3 tokens (one pass already) tied or lost, so they keep the passes.
+    const FP4_PANELS_FROM: usize = 4;
+
     /// Chunk q, lane i of a block: lanes 0-3 come from the low nibbles (even columns),
     /// lanes 4-7 from the high nibbles of the same bytes; chunk 0 holds the even and chunk 1
     /// the odd 16-bit words interleaved from bytes 0-7, chunks 2 and 3 likewise from bytes
