@@ -459,12 +459,17 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8: Fp8As)
                 &b[..l]
             };
             // SAFETY: `v` holds L bytes.
-            let (w, bits) = unsafe { (s.fp8(v.as_ptr()), s.fp8_bits(v.as_ptr())) };
+            let w = unsafe {
+                match fp8 {
+                    Fp8As::Bits => s.fp8_bits(v.as_ptr()),
+                    Fp8As::Scaled | Fp8As::Unscaled => s.fp8(v.as_ptr()),
+                }
+            };
             match fp8 {
                 Fp8As::Scaled => s.mul(w, s.splat(e8m0_to_f32(scale[j / 128]))),
-                // the fused path: the driver put the block scales in x
-                Fp8As::Unscaled => w,
-                Fp8As::Bits => bits,
+                // the fused path: the driver put the block scales in x (times 2^112 for
+                // `Bits`)
+                Fp8As::Unscaled | Fp8As::Bits => w,
             }
         }
         Rows::Fp4 { .. } => unreachable!("fp4 is decoded in pairs"),
@@ -530,6 +535,70 @@ fn fma_tokens<S: Simd, const T: usize>(s: S, w: S::V, x: &[S::V; T], acc: &mut [
     }
 }
 
+/// The FP8 part of `rows_xt`: the R rows at `qp` (`cols` bytes apart) times the T tokens
+/// over chunks 0..full, into `acc`. The block scales are in x already (`driver::scale_x`),
+/// times 2^112 with `BITS` (then the weights enter as their bits: the same products). Two
+/// chunks per step where the tier pairs them (`fp8_pair`; always with `BITS`), each row's
+/// FMAs still in chunk order.
+///
+/// # Safety
+/// `qp` is valid for reading R rows of `cols` bytes, and `xpp` for reading chunks 0..full of
+/// T tokens `xs` apart.
+#[inline(always)]
+unsafe fn fp8_steps<S: Simd, const R: usize, const T: usize, const BITS: bool>(
+    s: S,
+    qp: *const u8,
+    cols: usize,
+    (xpp, xs): (*const f32, usize),
+    full: usize,
+    acc: &mut [[S::V; T]; R],
+) {
+    let l = S::LANES;
+    let mut c = 0;
+    while (BITS || S::FP8_PAIR) && c + 2 <= full {
+        prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
+        // SAFETY: (c + 2) L <= full L, inside every token's row (the contract).
+        let (x0, x1) = unsafe {
+            (
+                x_chunks::<S, T>(s, xpp, xs, c * l),
+                x_chunks::<S, T>(s, xpp, xs, (c + 1) * l),
+            )
+        };
+        for k in 0..R {
+            // SAFETY: row k's 2L bytes from cL lie inside the row (the contract).
+            let (w0, w1) = unsafe {
+                let p = qp.add(k * cols + c * l);
+                if BITS {
+                    s.fp8_bits_pair(p)
+                } else {
+                    s.fp8_pair(p)
+                }
+            };
+            fma_tokens(s, w0, &x0, &mut acc[k]);
+            fma_tokens(s, w1, &x1, &mut acc[k]);
+        }
+        c += 2;
+    }
+    while c < full {
+        prefetch_next(s, qp.wrapping_add(R * cols), R * l, c);
+        // SAFETY: as above, for one chunk.
+        let xv = unsafe { x_chunks::<S, T>(s, xpp, xs, c * l) };
+        for k in 0..R {
+            // SAFETY: as above, for one chunk.
+            let wv = unsafe {
+                let p = qp.add(k * cols + c * l);
+                if BITS {
+                    s.fp8_bits(p)
+                } else {
+                    s.fp8(p)
+                }
+            };
+            fma_tokens(s, wv, &xv, &mut acc[k]);
+        }
+        c += 1;
+    }
+}
+
 /// R rows from r0 times T tokens (xp holds them `xs` apart): acc[k][t] = fma(w[k][c],
 /// xp[t][c], acc[k][t]) over chunks in order, each weight chunk decoded once for the T
 /// tokens. With T = 1 this is the one-token path; every (row, token) chain is the same
@@ -588,64 +657,14 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
         Rows::Fp8 { q, scale } => {
             assert!(q.len() >= (r0 + R) * cols && scale.len() >= cols.div_ceil(128));
             let qp = q[r0 * cols..].as_ptr();
-            // the block scales are in xp already (`driver::scale_x`), times 2^112 with
-            // `fp8_bits` (then the weights enter as their bits, 16 bytes per step: the
-            // same products)
-            let mut c = 0;
-            while S::FP8_BITS && w.fp8_bits && c + 2 <= full {
-                prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
-                // SAFETY: (c + 2) L <= cols (see above).
-                let (x0, x1) = unsafe {
-                    (
-                        x_chunks::<S, T>(s, xpp, xs, c * l),
-                        x_chunks::<S, T>(s, xpp, xs, (c + 1) * l),
-                    )
-                };
-                for k in 0..R {
-                    // SAFETY: each row's 2L bytes from cL lie inside that row (rows asserted
-                    // inside q above).
-                    let (w0, w1) = unsafe { s.fp8_bits_pair(qp.add(k * cols + c * l)) };
-                    fma_tokens(s, w0, &x0, &mut acc[k]);
-                    fma_tokens(s, w1, &x1, &mut acc[k]);
+            // SAFETY: rows r0..r0 + R of `cols` bytes lie inside q (asserted) and every
+            // token's first `full` chunks inside xp (asserted at the top).
+            unsafe {
+                if S::FP8_BITS && w.fp8_bits {
+                    fp8_steps::<S, R, T, true>(s, qp, cols, (xpp, xs), full, &mut acc);
+                } else {
+                    fp8_steps::<S, R, T, false>(s, qp, cols, (xpp, xs), full, &mut acc);
                 }
-                c += 2;
-            }
-            // two chunks per step where the tier pairs them (`fp8_pair`), each row's FMAs
-            // still in chunk order
-            while !w.fp8_bits && S::FP8_PAIR && c + 2 <= full {
-                prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
-                // SAFETY: (c + 2) L <= cols (see above).
-                let (x0, x1) = unsafe {
-                    (
-                        x_chunks::<S, T>(s, xpp, xs, c * l),
-                        x_chunks::<S, T>(s, xpp, xs, (c + 1) * l),
-                    )
-                };
-                for k in 0..R {
-                    // SAFETY: each row's 2L bytes from cL lie inside that row (rows asserted
-                    // inside q above).
-                    let (w0, w1) = unsafe { s.fp8_pair(qp.add(k * cols + c * l)) };
-                    fma_tokens(s, w0, &x0, &mut acc[k]);
-                    fma_tokens(s, w1, &x1, &mut acc[k]);
-                }
-                c += 2;
-            }
-            while c < full {
-                prefetch_next(s, qp.wrapping_add(R * cols), R * l, c);
-                // SAFETY: (c + 1) L <= cols (see above).
-                let xv = unsafe { x_chunks::<S, T>(s, xpp, xs, c * l) };
-                for k in 0..R {
-                    // SAFETY: as above, for one chunk.
-                    let wv = unsafe {
-                        if w.fp8_bits {
-                            s.fp8_bits(qp.add(k * cols + c * l))
-                        } else {
-                            s.fp8(qp.add(k * cols + c * l))
-                        }
-                    };
-                    fma_tokens(s, wv, &xv, &mut acc[k]);
-                }
-                c += 1;
             }
         }
         Rows::Bf16(d) => {
