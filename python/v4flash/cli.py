@@ -142,9 +142,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         default="exact",
         help="exact: float32 activations (checked against the reference); fast: bf16 "
         "activations and bf16 products where the CPU runs them at full rate; int8 activations "
-        "for the FP4 expert products on ARM; elsewhere the same as exact; fp8-act: DeepSeek's FP8 activation round "
-        "trip, for measuring; official: every quantization step DeepSeek's reference "
-        "inference applies (activations, KV, indexer) (see README, Numerics)",
+        "for the FP4 expert products on ARM; elsewhere the same as exact; fp8-act: DeepSeek's "
+        "FP8 activation round trip, for measuring; official: every quantization step "
+        "DeepSeek's reference inference applies (activations, KV, indexer) (see README, "
+        "Numerics)",
     )
     g.add_argument(
         "--io-threads", type=_positive_int, default=8, metavar="N", help=argparse.SUPPRESS
