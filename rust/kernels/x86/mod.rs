@@ -32,13 +32,34 @@ pub(crate) fn cpu_vendor() -> [u8; 12] {
     })
 }
 
+/// The CPU's family (CPUID leaf 1: the base family, plus the extended family where the base
+/// is 0xF), read once per process (see `cpu_vendor`).
+pub(crate) fn cpu_family() -> u32 {
+    static FAMILY: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *FAMILY.get_or_init(|| {
+        // SAFETY: as in `cpu_vendor`; leaf 1 exists on every x86_64 CPU.
+        #[allow(unused_unsafe)]
+        let eax = unsafe { __cpuid(1) }.eax;
+        let base = (eax >> 8) & 0xF;
+        if base == 0xF {
+            base + ((eax >> 20) & 0xFF)
+        } else {
+            base
+        }
+    })
+}
+
 /// Where the AVX-512 tier's one-token read-ahead of the next block of rows goes
-/// (`generic::prefetch_next`): into L2 only (`prefetcht1`) on Intel, into L1 (`prefetcht0`)
-/// elsewhere. A fixed rule on the vendor; a prefetch never changes a result. Measured
-/// (benches/README.md): on a Sapphire Rapids class Xeon, `t1` read the BF16 head 13-23 %
-/// faster than `t0` (FP8 and FP4, bound by their decode there, moved by neither) and whole
-/// runs decoded 4-11 % faster; `t0` is what Zen 5 was tuned with. The AVX2 tier keeps `t0`:
-/// there `t1` made whole runs decode 3-4 % slower on the same CPU.
+/// (`generic::prefetch_next`): into L1 (`prefetcht0`) on AMD Zen 5 and later (CPU family
+/// 0x1A+), into L2 only (`prefetcht1`) everywhere else. A fixed rule on the CPU, decided
+/// once; a prefetch never changes a result. Measured (benches/README.md): on a Sapphire
+/// Rapids class Xeon, `t1` read the BF16 head 13-23 % faster than `t0` (FP8 and FP4, bound
+/// by their decode there, moved by neither) and whole runs decoded 4-11 % faster; on Zen 4
+/// (32 KiB L1d: the 8 rows streaming through L1 evict an 8,192-column x) `t1` read FP8
+/// `wo_b` at 80-82 % of the streaming read against 50-56 % and the BF16 head at 90-91 %
+/// against 69-76 %, and whole runs decoded 14-17 % faster; `t0` is what Zen 5 (48 KiB L1d)
+/// was tuned with. The AVX2 tier keeps `t0`: there `t1` made whole runs decode 3-4 % slower
+/// on the Xeon.
 #[derive(Clone, Copy)]
 pub(crate) struct Prefetch {
     l2: bool,
@@ -46,9 +67,9 @@ pub(crate) struct Prefetch {
 
 impl Prefetch {
     pub(crate) fn detect() -> Self {
-        Prefetch {
-            l2: cpu_vendor() == *b"GenuineIntel",
-        }
+        static L2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let l2 = *L2.get_or_init(|| !(cpu_vendor() == *b"AuthenticAMD" && cpu_family() >= 0x1A));
+        Prefetch { l2 }
     }
 
     /// The hint for the line at `p`.
