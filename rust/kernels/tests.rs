@@ -699,3 +699,56 @@ fn kernels_attend_single_key_is_exact_and_key_order_only_rounds() {
         }
     }
 }
+
+/// `portable::dot` (the RMSNorms' and hyper-connections' dot product) gives the bits of its
+/// definition, 16 lanes of separate multiplies and adds reduced in a fixed tree, on every
+/// build the CPU picks (AVX-512, AVX2 or baseline), at every length and remainder.
+#[test]
+fn kernels_portable_dot_is_its_16_lane_definition() {
+    fn reference(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0f32; 16];
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            acc[i % 16] += x * y;
+        }
+        for h in [8, 4, 2, 1] {
+            for i in 0..h {
+                acc[i] += acc[i + h];
+            }
+        }
+        acc[0]
+    }
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        // magnitudes from 2^-20 to 2^20, either sign: sums that round at every step
+        let m = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+        m * 2f32.powi((seed % 41) as i32 - 20)
+    };
+    for len in (0..80).chain([1000, 4095, 16384]) {
+        let a: Vec<f32> = (0..len).map(|_| next()).collect();
+        let b: Vec<f32> = (0..len + 3).map(|_| next()).collect();
+        let want = reference(&a, &b[..len]).to_bits();
+        let got = super::portable::dot(&a, &b);
+        assert_eq!(got.to_bits(), want, "len {len}");
+        assert_eq!(
+            super::portable::dot_lanes(&a, &b).to_bits(),
+            want,
+            "len {len}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has avx2.
+                let got = unsafe { super::x86::dot16_avx2(&a, &b) };
+                assert_eq!(got.to_bits(), want, "avx2 len {len}");
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has avx512f.
+                let got = unsafe { super::x86::dot16_avx512(&a, &b) };
+                assert_eq!(got.to_bits(), want, "avx512 len {len}");
+            }
+        }
+    }
+}

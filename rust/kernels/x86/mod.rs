@@ -4,12 +4,14 @@
 mod avx2;
 mod avx512;
 mod bf16;
+mod dot16;
 mod int8;
 
 pub(crate) use avx2::Avx2;
 pub(crate) use avx512::Avx512;
 pub(crate) use bf16::matmul as matmul_bf16;
 pub(crate) use bf16::Bf16;
+pub(crate) use dot16::{dot16_avx2, dot16_avx512};
 
 use std::arch::x86_64::__cpuid;
 
