@@ -5,7 +5,7 @@
 //! take the bits straight into f32 lanes instead (`fp8_bits`). FP4: the 16-entry E2M1 table
 //! times the block scale sits in one register and `vpermps` picks by nibble; column groups
 //! are 32 wide ([16 even, 16 odd]). Eight rows share each x load in the one-token path; the
-//! prefill micro-kernel runs 8 rows x 3 tokens (24 accumulators of 32 registers).
+//! prefill micro-kernel runs 4 rows x 6 tokens (24 accumulators of 32 registers).
 
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
