@@ -179,10 +179,7 @@ pub(super) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += x[l] * y[l];
         }
     }
-    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
-        acc[l] += x * y;
-    }
-    hsum(acc)
+    dot_tail(acc, ra, rb)
 }
 
 #[inline(always)]
