@@ -80,6 +80,8 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// The fewest tokens for which FP4 rows go through `fp4_panels`
     /// (`generic::Simd::FP4_PANELS_FROM`).
     const FP4_PANELS_FROM: usize;
+    /// `Simd::GEMM_PANEL`: columns per panel of `gemm`.
+    const GEMM_PANEL: usize;
     /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
     /// stride, n), out = (out, os): decoded on the fly, each weight once for the n tokens.
     fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize));
@@ -94,7 +96,7 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     );
     /// out[r, t] = dot(row r, x[t]) for the rows of `w` (at most GROUP) and n tokens, x =
     /// (xp, stride, n): tokens `stride` apart in the tier's column layout. Decodes the rows
-    /// panel by panel into `pbuf` (at least GROUP * `generic::PSTRIDE` f32); `accs` is
+    /// panel by panel into `pbuf` (at least GROUP * `generic::panel_stride` f32); `accs` is
     /// scratch of at least nrows * n * LANES f32. Any contents, reused across calls.
     fn gemm(
         self,
@@ -365,7 +367,8 @@ pub(crate) fn matmul<K: Kernel>(
             // on Zen 5: blocks of 16-64 tokens (x block in L2) lose more to the repeated
             // decoding than they gain; 128 and 256 tie; 512 loses.
             let nb = n.min(TOKEN_BLOCK);
-            let mut pbuf = Aligned::zeros(GROUP * generic::PSTRIDE);
+            let ps = generic::panel_stride(m.cols.div_ceil(K::LANES), K::LANES, K::GEMM_PANEL);
+            let mut pbuf = Aligned::zeros(GROUP * ps);
             // the micro-kernel's accumulators, once per task (not once per row group)
             let mut accs = Aligned::zeros(GROUP * nb * K::LANES);
             let mut ob = vec![0f32; if nb < n { GROUP * nb } else { 0 }];

@@ -68,6 +68,12 @@ pub(crate) trait Simd: Copy {
     /// of `FP4_PASS` tokens; more than 8 (the default) never: set by the tiers on which that
     /// is the faster one (measured).
     const FP4_PANELS_FROM: usize = usize::MAX;
+    /// Columns per panel of the prefill path (`gemm`, a multiple of 32): the rows of a group
+    /// are decoded into `pbuf` for this many columns, every token tile passes over them, and
+    /// the register tile's accumulators go to memory and back once per panel. The default,
+    /// 512 (GROUP rows of f32 = 32 KiB), keeps the panel in L1; a tier on which a panel in
+    /// L2 with fewer accumulator round trips is faster sets more (measured).
+    const GEMM_PANEL: usize = 512;
     /// Whether the one-token and fused FP8 loops take the weights as their bits
     /// (`fp8_bits`) when the driver could scale x by 2^112 (`driver::scale_x`): set by the
     /// tiers on which that decode is the faster one (measured).
@@ -209,6 +215,7 @@ macro_rules! simd_kernel {
             const FP8_BITS: bool = <$tier as $crate::kernels::generic::Simd>::FP8_BITS;
             const FP4_PANELS_FROM: usize =
                 <$tier as $crate::kernels::generic::Simd>::FP4_PANELS_FROM;
+            const GEMM_PANEL: usize = <$tier as $crate::kernels::generic::Simd>::GEMM_PANEL;
 
             fn fp4_col(k: usize) -> usize {
                 <$tier as $crate::kernels::generic::Simd>::fp4_col(k)
@@ -883,22 +890,27 @@ fn fp4_panel_rows<S: Simd, const R: usize, const T: usize>(
     }
 }
 
-/// Columns per panel in the prefill path: GROUP rows x 512 f32 of decoded weights (32 KiB)
-/// stay in L1 while every token tile of the token block passes over them.
-pub(crate) const PANEL: usize = 512;
-/// Row stride of the decoded panel: 64 bytes more than a panel, so that its rows do not
-/// all map to the same L1 sets.
-pub(crate) const PSTRIDE: usize = PANEL + 16;
+/// Row stride of the prefill path's decoded panel for rows of `nch` chunks of `lanes`, in
+/// panels of `panel` columns (`Simd::GEMM_PANEL`): the panel's width plus 64 bytes, so that
+/// its rows do not all map to the same L1 sets.
+pub(crate) fn panel_stride(nch: usize, lanes: usize, panel: usize) -> usize {
+    (nch * lanes).min(panel) + 16
+}
 
-/// pbuf[r * PSTRIDE..][..(c1 - c0) L] = chunks c0..c1 of row r, decoded in the column
+/// pbuf[r * ps..][..(c1 - c0) L] = chunks c0..c1 of row r, decoded in the column
 /// layout (FP8 times its block scales; the last chunk zero padded). FP4: c0 and c1
 /// multiples of G / L (whole groups).
 #[inline(always)]
-fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mut [f32]) {
+fn decode_panel<S: Simd>(
+    s: S,
+    w: &RowsView,
+    (c0, c1): (usize, usize),
+    (pbuf, ps): (&mut [f32], usize),
+) {
     let (l, cols) = (S::LANES, w.cols);
-    assert!(pbuf.len() >= w.nrows * PSTRIDE && (c1 - c0) * l <= PANEL);
+    assert!(pbuf.len() >= w.nrows * ps && (c1 - c0) * l <= ps);
     for r in 0..w.nrows {
-        let row = &mut pbuf[r * PSTRIDE..(r + 1) * PSTRIDE];
+        let row = &mut pbuf[r * ps..(r + 1) * ps];
         match w.rows {
             Rows::Fp4 { q, scale } => {
                 let gc = S::FP4_GROUP / l;
@@ -947,20 +959,20 @@ fn decode_panel<S: Simd>(s: S, w: &RowsView, (c0, c1): (usize, usize), pbuf: &mu
 }
 
 /// R rows x T tokens over the nc chunks of one panel: w holds the panel's decoded rows
-/// (`PSTRIDE` apart), x the tokens' same columns (`xs` apart). Each (row, token) keeps its
+/// (`ps` apart), x the tokens' same columns (`xs` apart). Each (row, token) keeps its
 /// accumulator vector in `accs` ([rows, n, L]) between panels, so its FMA chain is the same
 /// as in `rows_xt`; the first panel starts from zero instead of `accs`.
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const T: usize>(
     s: S,
-    (w, r0): (&[f32], usize),
+    (w, r0, ps): (&[f32], usize, usize),
     (x, xs, t0, n): (&[f32], usize, usize, usize),
     (nc, first): (usize, bool),
     accs: &mut [f32],
 ) {
     let l = S::LANES;
-    assert!(t0 + T <= n && nc * l <= PSTRIDE && nc * l <= xs);
-    assert!(w.len() >= (r0 + R - 1) * PSTRIDE + nc * l && x.len() >= (t0 + T - 1) * xs + nc * l);
+    assert!(t0 + T <= n && nc * l <= ps && nc * l <= xs);
+    assert!(w.len() >= (r0 + R - 1) * ps + nc * l && x.len() >= (t0 + T - 1) * xs + nc * l);
     assert!(accs.len() >= (r0 + R) * n * l);
     let (wp, xpp, ap) = (w.as_ptr(), x.as_ptr(), accs.as_mut_ptr());
     let mut acc = [[s.splat(0.0); T]; R];
@@ -980,7 +992,7 @@ fn tile<S: Simd, const R: usize, const T: usize>(
                 xv[t] = s.load(xpp.add((t0 + t) * xs + c * l));
             }
             for k in 0..R {
-                let wv = s.load(wp.add((r0 + k) * PSTRIDE + c * l));
+                let wv = s.load(wp.add((r0 + k) * ps + c * l));
                 for t in 0..T {
                     acc[k][t] = s.fma(wv, xv[t], acc[k][t]);
                 }
@@ -998,7 +1010,7 @@ fn tile<S: Simd, const R: usize, const T: usize>(
 #[inline(always)]
 fn tiles<S: Simd, const R: usize, const T: usize>(
     s: S,
-    w: (&[f32], usize),
+    w: (&[f32], usize, usize),
     x: (&[f32], usize, usize, usize),
     nc: (usize, bool),
     accs: &mut [f32],
@@ -1018,9 +1030,9 @@ fn tiles<S: Simd, const R: usize, const T: usize>(
 }
 
 /// out[r, t] = row r of `w` · xp[t] for its rows (at most GROUP) and n tokens (`xs` apart
-/// in xp, in the column layout). Panel by panel: PANEL columns of the rows are decoded into
-/// `pbuf` ([GROUP, PSTRIDE], stays in L1), then every token passes over them in R x T
-/// register tiles (R x (n % T) for the last tokens), the accumulators kept in `accs`
+/// in xp, in the column layout). Panel by panel: `Simd::GEMM_PANEL` columns of the rows
+/// are decoded into `pbuf` ([GROUP, panel_stride]), then every token passes over them in
+/// R x T register tiles (R x (n % T) for the last tokens), the accumulators kept in `accs`
 /// (scratch of at least nrows * n * L f32) between panels.
 #[inline(always)]
 pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
@@ -1033,16 +1045,19 @@ pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
 ) {
     let (l, nrows) = (S::LANES, w.nrows);
     let nch = w.cols.div_ceil(l);
+    let panel = S::GEMM_PANEL;
+    const { assert!(S::GEMM_PANEL.is_multiple_of(32)) };
+    let ps = panel_stride(nch, l, panel);
     assert!(
-        accs.len() >= nrows * n * l && out.len() >= nrows * n,
-        "gemm: accs must hold [nrows, n, L] and out [nrows, n]"
+        accs.len() >= nrows * n * l && out.len() >= nrows * n && pbuf.len() >= nrows * ps,
+        "gemm: accs must hold [nrows, n, L], out [nrows, n] and pbuf [nrows, panel_stride]"
     );
-    // panel -> token tile -> row tile: the x tile stays in L1 across the row tiles and the
-    // panel of decoded rows stays in L1 across token tiles.
+    // panel -> token tile -> row tile: the x tile is reused across the row tiles and the
+    // panel of decoded rows (in L2) across token tiles.
     let mut c0 = 0;
     while c0 < nch {
-        let c1 = (c0 + PANEL / l).min(nch);
-        decode_panel(s, w, (c0, c1), pbuf);
+        let c1 = (c0 + panel / l).min(nch);
+        decode_panel(s, w, (c0, c1), (pbuf, ps));
         let (wp, x) = (&pbuf[..], &xp[c0 * l..]);
         let nc = (c1 - c0, c0 == 0);
         let mut t = 0;
@@ -1051,11 +1066,11 @@ pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
             let tt = T.min(n - t);
             let mut r = 0;
             while r + R <= nrows {
-                tiles::<S, R, T>(s, (wp, r), (x, xs, t, n), nc, accs, tt);
+                tiles::<S, R, T>(s, (wp, r, ps), (x, xs, t, n), nc, accs, tt);
                 r += R;
             }
             while r < nrows {
-                tiles::<S, 1, T>(s, (wp, r), (x, xs, t, n), nc, accs, tt);
+                tiles::<S, 1, T>(s, (wp, r, ps), (x, xs, t, n), nc, accs, tt);
                 r += 1;
             }
             t += tt;

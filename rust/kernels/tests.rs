@@ -280,13 +280,14 @@ fn kernels_thread_count_bit_identical() {
 fn kernels_n_tokens_and_row_ranges_bit_identical_to_single() {
     for tier in tiers() {
         for (kind, rows, cols) in KINDS.into_iter().flat_map(|k| {
-            // the second shape spans several prefill column panels
+            // the second shape spans several 512-column prefill panels, the third several
+            // 4,096-column ones (`Simd::GEMM_PANEL` of the AVX-512 tier)
             let c = if k == Kind::Fp4 {
-                [224, 1056]
+                [224, 1056, 8224]
             } else {
-                [211, 1100]
+                [211, 1100, 8300]
             };
-            [(k, 261, c[0]), (k, 19, c[1])]
+            [(k, 261, c[0]), (k, 19, c[1]), (k, 19, c[2])]
         }) {
             let m = Mat::new(kind, rows, cols, 11);
             let mr = m.mat_ref();
