@@ -3,12 +3,14 @@
 //! alternating, and compare the medians of the ratios).
 //!
 //! ```text
-//! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16|fp4-fast ROWS COLS TIER [ROUNDS]
-//! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast ROWS COLS TIER TOKENS [ROUNDS]
+//! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]
+//! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]
 //! ```
 //!
 //! `fp4-fast`: the FP4 product of fast numerics without bf16 products (int8 activations,
-//! `matmul_q8_tier`); the others run the exact kernels.
+//! `matmul_q8_tier`); `fp8-bf16`, `fp4-bf16`: the `vdpbf16ps` products of fast and official
+//! numerics (`matmul_bf16`, CPUs with avx512_bf16; TIER is then only the FMA probe's); the
+//! others run the exact kernels.
 //!
 //! - `decode`: a one-token matvec over a ring of copies of the matrix (>= 2 GiB in all, so
 //!   the weights come from DRAM as in real decode), each round next to the engine's memory
@@ -21,7 +23,7 @@
 
 mod common;
 
-use _core::kernels::{fma_probe, matmul_q8_tier, matmul_tier, MatRef, Tier};
+use _core::kernels::{fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier};
 use _core::probe::mem_read_gbs;
 use common::{make, mat, ring, Kind};
 use rayon::prelude::*;
@@ -32,18 +34,29 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// One product on `tier`: the exact kernels, or the int8 path of fast numerics (`q8`).
-fn run(q8: bool, tier: Tier, m: &MatRef, x: &[f32], n: usize, y: &mut [f32]) {
-    let rows = 0..m.rows;
-    let r = if q8 {
-        matmul_q8_tier(tier, m, rows, x, n, y)
-    } else {
-        matmul_tier(tier, m, rows, x, n, y)
-    };
-    r.expect("the tier is available");
+/// Which product of a matrix the bench runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    /// the exact (f32) kernels of the tier
+    Exact,
+    /// fast numerics' int8 FP4 path on the tier
+    Q8,
+    /// the `vdpbf16ps` kernels
+    Bf16,
 }
 
-fn decode(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, rounds: usize) {
+/// One product of `m` with n tokens on `tier` by `path`.
+fn run(path: Path, tier: Tier, m: &MatRef, x: &[f32], n: usize, y: &mut [f32]) {
+    let rows = 0..m.rows;
+    let r = match path {
+        Path::Exact => matmul_tier(tier, m, rows, x, n, y),
+        Path::Q8 => matmul_q8_tier(tier, m, rows, x, n, y),
+        Path::Bf16 => matmul_bf16(m, rows, x, n, y),
+    };
+    r.expect("the checked path is available");
+}
+
+fn decode(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, rounds: usize) {
     let ring = ring(kind, rows, cols, 2 << 30);
     let (bytes, copies) = (mat(kind, rows, cols, &ring[0]).bytes(), ring.len());
     let mats: Vec<MatRef> = ring.iter().map(|o| mat(kind, rows, cols, o)).collect();
@@ -58,7 +71,7 @@ fn decode(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, rounds: us
         }
         let t0 = Instant::now();
         for m in &mats {
-            run(q8, tier, m, &x, 1, &mut y);
+            run(path, tier, m, &x, 1, &mut y);
         }
         std::hint::black_box(&y);
         k.push((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9);
@@ -73,7 +86,7 @@ fn decode(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, rounds: us
     );
 }
 
-fn prefill(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, n: usize, rounds: usize) {
+fn prefill(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, n: usize, rounds: usize) {
     let o = make(kind, rows, cols, 3);
     let m = mat(kind, rows, cols, &o);
     let x: Vec<f32> = (0..n * cols)
@@ -93,7 +106,7 @@ fn prefill(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, n: usize,
         pk.push(f as f64 / t0.elapsed().as_secs_f64() / 1e9);
         let t0 = Instant::now();
         for _ in 0..reps {
-            run(q8, tier, &m, &x, n, &mut y);
+            run(path, tier, &m, &x, n, &mut y);
         }
         std::hint::black_box(&y);
         gf.push(flops * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
@@ -108,7 +121,7 @@ fn prefill(kind: Kind, q8: bool, rows: usize, cols: usize, tier: Tier, n: usize,
     );
 }
 
-const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast ROWS COLS TIER TOKENS [ROUNDS]";
+const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets too; only `cargo bench` (which passes
@@ -128,12 +141,18 @@ fn main() {
         }
         v
     };
-    let (kind, q8) = match args[1].as_str() {
-        "fp8" => (Kind::Fp8, false),
-        "fp4" => (Kind::Fp4, false),
-        "fp4-fast" => (Kind::Fp4, true),
-        "bf16" => (Kind::Bf16, false),
-        _ => return println!("the format is fp4, fp8, bf16 or fp4-fast\n{USAGE}"),
+    let (kind, path) = match args[1].as_str() {
+        "fp8" => (Kind::Fp8, Path::Exact),
+        "fp4" => (Kind::Fp4, Path::Exact),
+        "fp4-fast" => (Kind::Fp4, Path::Q8),
+        "fp8-bf16" => (Kind::Fp8, Path::Bf16),
+        "fp4-bf16" => (Kind::Fp4, Path::Bf16),
+        "bf16" => (Kind::Bf16, Path::Exact),
+        _ => {
+            return println!(
+                "the format is fp4, fp8, bf16, fp4-fast, fp8-bf16 or fp4-bf16\n{USAGE}"
+            )
+        }
     };
     let (Some(rows), Some(cols)) = (num(2, "ROWS"), num(3, "COLS")) else {
         return;
@@ -148,11 +167,27 @@ fn main() {
             Tier::names()
         );
     };
+    if path == Path::Bf16 {
+        // one small product first: a CPU without avx512_bf16 gets a message, not a panic
+        let o = make(kind, 1, 128, 0);
+        let (x, mut y) = (vec![0f32; 128], vec![0f32; 1]);
+        if let Err(e) = matmul_bf16(&mat(kind, 1, 128, &o), 0..1, &x, 1, &mut y) {
+            return println!("{e}");
+        }
+    }
     match args[0].as_str() {
-        "decode" => decode(kind, q8, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
+        "decode" => decode(kind, path, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
         "prefill" => {
             let Some(n) = num(5, "TOKENS") else { return };
-            prefill(kind, q8, rows, cols, tier, n, num(6, "ROUNDS").unwrap_or(5))
+            prefill(
+                kind,
+                path,
+                rows,
+                cols,
+                tier,
+                n,
+                num(6, "ROUNDS").unwrap_or(5),
+            )
         }
         _ => println!("{USAGE}"),
     }
