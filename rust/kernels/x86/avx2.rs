@@ -15,19 +15,21 @@
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
 use super::int8;
+use super::Prefetch;
 use crate::dtype::{e8m0_to_f32, E2M1_LUT};
 use std::arch::x86_64::*;
 
-/// Proof that the CPU has this tier's features; only `detect` creates one.
+/// Proof that the CPU has this tier's features (and which read-ahead it takes); only
+/// `detect` creates one.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx2(());
+pub(crate) struct Avx2(Prefetch);
 
 impl Avx2 {
     pub(crate) fn detect() -> Option<Self> {
         let ok = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then_some(Avx2(()))
+        ok.then(|| Avx2(Prefetch::avx2()))
     }
 }
 
@@ -165,9 +167,9 @@ impl Simd for Avx2 {
 
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
-        // SAFETY: see the impl; `prefetcht0` reads nothing architecturally and never faults,
-        // whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
+        // whatever the address (`Prefetch::line` picks the level).
+        unsafe { self.0.line(p) }
     }
 
     /// The first 8 E2M1 values; not used by this tier (`fp4_scaled_table` reads

@@ -27,7 +27,7 @@ impl Avx512 {
             && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then(|| Avx512(Prefetch::detect()))
+        ok.then(|| Avx512(Prefetch::avx512()))
     }
 }
 

@@ -51,27 +51,47 @@ pub(crate) fn cpu_family() -> u32 {
     })
 }
 
-/// Where the AVX-512 tier's one-token read-ahead of the next block of rows goes
-/// (`generic::prefetch_next`): into L1 (`prefetcht0`) on AMD Zen 5 and later (CPU family
-/// 0x1A+), into L2 only (`prefetcht1`) everywhere else. A fixed rule on the CPU, decided
-/// once; a prefetch never changes a result. Measured (benches/README.md): on a Sapphire
-/// Rapids class Xeon, `t1` read the BF16 head 13-23 % faster than `t0` (FP8 and FP4, bound
-/// by their decode there, moved by neither) and whole runs decoded 4-11 % faster; on Zen 4
-/// (32 KiB L1d: the 8 rows streaming through L1 evict an 8,192-column x) `t1` read FP8
-/// `wo_b` at 80-82 % of the streaming read against 50-56 % and the BF16 head at 90-91 %
-/// against 69-76 %, and whole runs decoded 14-17 % faster; `t0` is what Zen 5 (48 KiB L1d)
-/// was tuned with. The AVX2 tier keeps `t0`: there `t1` made whole runs decode 3-4 % slower
-/// on the Xeon.
+/// Where a tier's one-token read-ahead of the next block of rows goes
+/// (`generic::prefetch_next`): into L1 (`prefetcht0`) or into L2 only (`prefetcht1`). A fixed
+/// rule on the CPU, decided once; a prefetch never changes a result. Measured
+/// (benches/README.md):
+/// - On Zen 4 (32 KiB L1d: the 8 rows streaming through L1 evict a long x), `t1` wins on
+///   both tiers. AVX-512: FP8 `wo_b` at 80-82 % of the streaming read against 50-56 %, the
+///   BF16 head at 90-91 % against 69-76 %, whole runs decoding 14-17 % faster. AVX2 (quiet
+///   hour, session 28): decode compute per token 80 -> 58 ms, lower in every round.
+/// - On a Sapphire Rapids class Xeon, `t1` read the BF16 head 13-23 % faster on AVX-512
+///   (whole runs decoding 4-11 % faster), but made AVX2 whole runs decode 3-4 % slower.
+/// - Zen 5 (48 KiB L1d) was tuned with `t0`; `t1` was never measured there.
+///
+/// Hence AVX-512 takes `t1` everywhere except AMD family 0x1A and later, and AVX2 takes `t1`
+/// on AMD before family 0x1A (Zen 1-4, all with 32 KiB L1d; Zen 1-3 unmeasured) and `t0`
+/// elsewhere.
 #[derive(Clone, Copy)]
 pub(crate) struct Prefetch {
     l2: bool,
 }
 
+/// Whether the CPU is AMD Zen 5 or later (family 0x1A+), and whether it is AMD at all; read
+/// once per process.
+fn amd_zen5() -> (bool, bool) {
+    static R: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    *R.get_or_init(|| {
+        let amd = cpu_vendor() == *b"AuthenticAMD";
+        (amd, amd && cpu_family() >= 0x1A)
+    })
+}
+
 impl Prefetch {
-    pub(crate) fn detect() -> Self {
-        static L2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let l2 = *L2.get_or_init(|| !(cpu_vendor() == *b"AuthenticAMD" && cpu_family() >= 0x1A));
-        Prefetch { l2 }
+    /// The AVX-512 tier's rule: L2 except on AMD Zen 5 and later.
+    pub(crate) fn avx512() -> Self {
+        let (_, zen5) = amd_zen5();
+        Prefetch { l2: !zen5 }
+    }
+
+    /// The AVX2 tier's rule: L2 on AMD before Zen 5, L1 elsewhere.
+    pub(crate) fn avx2() -> Self {
+        let (amd, zen5) = amd_zen5();
+        Prefetch { l2: amd && !zen5 }
     }
 
     /// The hint for the line at `p`.
