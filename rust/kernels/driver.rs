@@ -75,8 +75,9 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     fn fp4_col(k: usize) -> usize;
     /// Tokens per fused pass for FP4 (`generic::Simd::FP4_PASS`).
     const FP4_PASS: usize;
-    /// Whether the fused FP8 path takes the weights as their bits (`generic::Simd::FP8_BITS`).
-    const FP8_BITS: bool;
+    /// Whether the fused FP8 path takes the weights as their bits on this CPU
+    /// (`generic::Simd::FP8_BITS` and `fp8_bits_on`).
+    fn fp8_bits(self) -> bool;
     /// The fewest tokens for which FP4 rows go through `fp4_panels`
     /// (`generic::Simd::FP4_PANELS_FROM`).
     const FP4_PANELS_FROM: usize;
@@ -332,10 +333,10 @@ pub(crate) fn matmul<K: Kernel>(
             let scaled;
             let xp: &[f32] = match v.rows {
                 Rows::Fp8 { scale, .. } => {
-                    // the weights as their bits where the tier prefers that and x times
+                    // the weights as their bits where the tier and this CPU take them and x times
                     // 2^112 stays finite; else through `Simd::fp8`
                     let (mut xs, mut bits) = (None, false);
-                    if K::FP8_BITS {
+                    if k.fp8_bits() {
                         let (x, finite) = scale_x(&xp, n, cp, m.cols, scale, true);
                         (xs, bits) = (finite.then_some(x), finite);
                     }

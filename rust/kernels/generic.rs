@@ -78,6 +78,11 @@ pub(crate) trait Simd: Copy {
     /// (`fp8_bits`) when the driver could scale x by 2^112 (`driver::scale_x`): set by the
     /// tiers on which that decode is the faster one (measured).
     const FP8_BITS: bool = false;
+    /// Whether this CPU takes the `fp8_bits` route where the tier has one (`FP8_BITS`): a
+    /// tier may decide per CPU (`x86::fp8_bits`).
+    fn fp8_bits_on(self) -> bool {
+        Self::FP8_BITS
+    }
     /// L bytes of e4m3 as e4m3 * 2^-120: each byte's sign, exponent and mantissa bits put in
     /// place in an f32 (exponent field = the e4m3 exponent field, so subnormal e4m3 values
     /// become subnormal f32s, exactly). The default goes through `fp8`, exactly (a product
@@ -212,13 +217,17 @@ macro_rules! simd_kernel {
             const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
             const FP4_GROUP: usize = <$tier as $crate::kernels::generic::Simd>::FP4_GROUP;
             const FP4_PASS: usize = <$tier as $crate::kernels::generic::Simd>::FP4_PASS;
-            const FP8_BITS: bool = <$tier as $crate::kernels::generic::Simd>::FP8_BITS;
             const FP4_PANELS_FROM: usize =
                 <$tier as $crate::kernels::generic::Simd>::FP4_PANELS_FROM;
             const GEMM_PANEL: usize = <$tier as $crate::kernels::generic::Simd>::GEMM_PANEL;
 
             fn fp4_col(k: usize) -> usize {
                 <$tier as $crate::kernels::generic::Simd>::fp4_col(k)
+            }
+
+            fn fp8_bits(self) -> bool {
+                <$tier as $crate::kernels::generic::Simd>::FP8_BITS
+                    && <$tier as $crate::kernels::generic::Simd>::fp8_bits_on(self)
             }
 
             fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize)) {

@@ -1,7 +1,7 @@
 //! AVX2 + FMA + F16C tier: 8 f32 lanes.
 //!
 //! FP8 goes through f16 like the AVX-512 tier (`vcvtph2ps` from F16C) in the prefill path;
-//! the one-token and fused paths take its bits straight into f32 lanes (`fp8_bits`: a
+//! the one-token and fused paths take its bits straight into f32 lanes on AMD (`fp8_bits`: a
 //! sign-extending widening, a shift and a mask, no conversion). FP4 decodes one
 //! whole 32-column scale block at a time (`FP4_GROUP` = 32) with byte shuffles, which Zen 3
 //! runs two per cycle, instead of `vpermps` per 8 weights: every scaled E2M1 value is
@@ -19,17 +19,25 @@ use super::Prefetch;
 use crate::dtype::{e8m0_to_f32, E2M1_LUT};
 use std::arch::x86_64::*;
 
-/// Proof that the CPU has this tier's features (and which read-ahead it takes); only
+/// Proof that the CPU has this tier's features (and the rules it follows on this CPU); only
 /// `detect` creates one.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx2(Prefetch);
+pub(crate) struct Avx2 {
+    /// where the one-token read-ahead goes
+    pf: Prefetch,
+    /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
+    fp8_bits: bool,
+}
 
 impl Avx2 {
     pub(crate) fn detect() -> Option<Self> {
         let ok = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then(|| Avx2(Prefetch::avx2()))
+        ok.then(|| Avx2 {
+            pf: Prefetch::avx2(),
+            fp8_bits: super::fp8_bits(),
+        })
     }
 }
 
@@ -137,6 +145,12 @@ impl Simd for Avx2 {
     /// Measured on Zen 3 (one core, 8 rows x 1024 columns from L2): 14.2 GB/s against 10.6.
     const FP8_BITS: bool = true;
 
+    /// Only where `super::fp8_bits` says so.
+    #[inline(always)]
+    fn fp8_bits_on(self) -> bool {
+        self.fp8_bits
+    }
+
     #[inline(always)]
     unsafe fn fp8_bits(self, p: *const u8) -> __m256 {
         // SAFETY: see the impl; `p` is valid for 8 bytes (caller), read unaligned.
@@ -169,7 +183,7 @@ impl Simd for Avx2 {
     fn prefetch(self, p: *const u8) {
         // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
         // whatever the address (`Prefetch::line` picks the level).
-        unsafe { self.0.line(p) }
+        unsafe { self.pf.line(p) }
     }
 
     /// The first 8 E2M1 values; not used by this tier (`fp4_scaled_table` reads

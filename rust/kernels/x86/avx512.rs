@@ -1,11 +1,12 @@
 //! AVX-512 tier (avx512f/bw/vl + f16c): 16 f32 lanes.
 //!
 //! FP8: 16 bytes sign-extended to 16-bit lanes, `(s << 7) & 0xBF80` is the f16 of e4m3/256
-//! (subnormals included, no f32 denormals), then `vcvtph2ps`; the one-token and fused paths
-//! take the bits straight into f32 lanes instead (`fp8_bits`). FP4: the 16-entry E2M1 table
-//! times the block scale sits in one register and `vpermps` picks by nibble; column groups
-//! are 32 wide ([16 even, 16 odd]). Eight rows share each x load in the one-token path; the
-//! prefill micro-kernel runs 4 rows x 6 tokens (24 accumulators of 32 registers).
+//! (subnormals included, no f32 denormals), then `vcvtph2ps`; on AMD the one-token and
+//! fused paths take the bits straight into f32 lanes instead (`fp8_bits`, `super::fp8_bits`).
+//! FP4: the 16-entry E2M1 table times the block scale sits in one register and `vpermps`
+//! picks by nibble; column groups are 32 wide ([16 even, 16 odd]). Eight rows share each x
+//! load in the one-token path; the prefill micro-kernel runs 4 rows x 6 tokens (24
+//! accumulators of 32 registers).
 
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
@@ -14,10 +15,15 @@ use super::Prefetch;
 use crate::dtype::E2M1_LUT;
 use std::arch::x86_64::*;
 
-/// Proof that the CPU has this tier's features (and which read-ahead it takes); only `detect`
-/// creates one.
+/// Proof that the CPU has this tier's features (and the rules it follows on this CPU); only
+/// `detect` creates one.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512(Prefetch);
+pub(crate) struct Avx512 {
+    /// where the one-token read-ahead goes
+    pf: Prefetch,
+    /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
+    fp8_bits: bool,
+}
 
 impl Avx512 {
     pub(crate) fn detect() -> Option<Self> {
@@ -27,7 +33,10 @@ impl Avx512 {
             && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then(|| Avx512(Prefetch::avx512()))
+        ok.then(|| Avx512 {
+            pf: Prefetch::avx512(),
+            fp8_bits: super::fp8_bits(),
+        })
     }
 }
 
@@ -151,6 +160,12 @@ impl Simd for Avx512 {
     /// 8 tokens 65-69 -> 66-70.
     const FP8_BITS: bool = true;
 
+    /// Only where `super::fp8_bits` says so.
+    #[inline(always)]
+    fn fp8_bits_on(self) -> bool {
+        self.fp8_bits
+    }
+
     #[inline(always)]
     unsafe fn fp8_bits(self, p: *const u8) -> __m512 {
         // SAFETY: see the impl; `p` is valid for 16 bytes (caller), read unaligned.
@@ -183,7 +198,7 @@ impl Simd for Avx512 {
     fn prefetch(self, p: *const u8) {
         // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
         // whatever the address (`Prefetch::line` picks the level).
-        unsafe { self.0.line(p) }
+        unsafe { self.pf.line(p) }
     }
 
     #[inline(always)]

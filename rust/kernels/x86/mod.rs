@@ -51,6 +51,29 @@ pub(crate) fn cpu_family() -> u32 {
     })
 }
 
+/// Whether the one-token and fused FP8 loops take the weights as their bits
+/// (`Simd::fp8_bits`: e4m3 * 2^-120, so e4m3 subnormals become f32 denormals) rather than
+/// through f16 (`Simd::fp8`, no denormals); either route gives the same products, hence the
+/// same bits. A fixed rule on the CPU, decided once; `V4FLASH_FP8_BITS=on` / `off`
+/// overrides it (to measure, and to test both routes on one machine). Measured
+/// (benches/README.md):
+/// - AMD (Zen 3, Zen 4) multiplies denormals at full speed, and the bits route is the
+///   faster decode (Zen 4, one core, FP8 1024x4096, one token: 25 -> 29-31 GFLOP/s).
+/// - An Emerald Rapids Xeon takes a microcode assist for every multiply with a denormal
+///   input: a one-token FP8 matvec over weights with subnormals (one in 16 bytes) read
+///   0.5-0.7 GB/s with the bits against 9-12 GB/s through f16.
+///
+/// Hence the bits on AMD only; other vendors are untested and take the f16 route, which is
+/// never slow.
+pub(crate) fn fp8_bits() -> bool {
+    static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *B.get_or_init(|| match std::env::var("V4FLASH_FP8_BITS").ok().as_deref() {
+        Some("on" | "1") => true,
+        Some("off" | "0") => false,
+        _ => amd_zen5().0,
+    })
+}
+
 /// Where a tier's one-token read-ahead of the next block of rows goes
 /// (`generic::prefetch_next`): into L1 (`prefetcht0`) or into L2 only (`prefetcht1`). A fixed
 /// rule on the CPU, decided once; a prefetch never changes a result. Measured
