@@ -55,7 +55,7 @@ impl Bf16 {
     ///
     /// Other vendors are untested, so they keep the f32 kernels.
     pub(crate) fn full_rate(self) -> bool {
-        super::cpu_vendor() == *b"AuthenticAMD"
+        super::amd()
     }
 }
 

@@ -61,7 +61,7 @@ pub(crate) fn cpu_family() -> u32 {
 ///   faster decode (Zen 4, one core, FP8 1024x4096, one token: 25 -> 29-31 GFLOP/s).
 /// - An Emerald Rapids Xeon takes a microcode assist for every multiply with a denormal
 ///   input: a one-token FP8 matvec over weights with subnormals (one in 16 bytes) read
-///   0.5-0.7 GB/s with the bits against 9-12 GB/s through f16.
+///   0.5-0.7 GB/s with the bits against 10-14 GB/s through f16.
 ///
 /// Hence the bits on AMD only; other vendors are untested and take the f16 route, which is
 /// never slow.
@@ -70,7 +70,7 @@ pub(crate) fn fp8_bits() -> bool {
     *B.get_or_init(|| match std::env::var("V4FLASH_FP8_BITS").ok().as_deref() {
         Some("on" | "1") => true,
         Some("off" | "0") => false,
-        _ => amd_zen5().0,
+        _ => amd(),
     })
 }
 
@@ -94,27 +94,29 @@ pub(crate) struct Prefetch {
     l2: bool,
 }
 
-/// Whether the CPU is AMD Zen 5 or later (family 0x1A+), and whether it is AMD at all; read
-/// once per process.
-fn amd_zen5() -> (bool, bool) {
-    static R: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
-    *R.get_or_init(|| {
-        let amd = cpu_vendor() == *b"AuthenticAMD";
-        (amd, amd && cpu_family() >= 0x1A)
-    })
+/// Whether the CPU is AMD's (the vendor is read once per process, `cpu_vendor`).
+pub(crate) fn amd() -> bool {
+    cpu_vendor() == *b"AuthenticAMD"
+}
+
+/// Whether the CPU is AMD Zen 5 or later (family 0x1A+).
+fn amd_zen5_or_later() -> bool {
+    amd() && cpu_family() >= 0x1A
 }
 
 impl Prefetch {
     /// The AVX-512 tier's rule: L2 except on AMD Zen 5 and later.
     pub(crate) fn avx512() -> Self {
-        let (_, zen5) = amd_zen5();
-        Prefetch { l2: !zen5 }
+        Prefetch {
+            l2: !amd_zen5_or_later(),
+        }
     }
 
     /// The AVX2 tier's rule: L2 on AMD before Zen 5, L1 elsewhere.
     pub(crate) fn avx2() -> Self {
-        let (amd, zen5) = amd_zen5();
-        Prefetch { l2: amd && !zen5 }
+        Prefetch {
+            l2: amd() && !amd_zen5_or_later(),
+        }
     }
 
     /// The hint for the line at `p`.
