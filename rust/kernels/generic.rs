@@ -119,6 +119,18 @@ pub(crate) trait Simd: Copy {
     fn prefetch(self, p: *const u8) {
         let _ = p;
     }
+    /// Whether `gemm` reads the next token tile's x into L1 while it computes the current
+    /// tile (`prefetch_x`). A per-CPU rule of the tier; the default is off.
+    #[inline(always)]
+    fn gemm_x_ahead(self) -> bool {
+        false
+    }
+    /// A hint to bring the cache line at `p` into L1, as `prefetch` (any address, never a
+    /// different result); used for x in `gemm` where `gemm_x_ahead` says so.
+    #[inline(always)]
+    fn prefetch_x(self, p: *const u8) {
+        let _ = p;
+    }
     /// The E2M1 values in the form `fp4` looks them up in (before scaling).
     fn fp4_table(self) -> Self::V;
     /// Columns of one FP4 group, the unit `fp4` decodes: 2L (the default) or 32 (one
@@ -970,14 +982,17 @@ fn decode_panel<S: Simd>(
 /// R rows x T tokens over the nc chunks of one panel: w holds the panel's decoded rows
 /// (`ps` apart), x the tokens' same columns (`xs` apart). Each (row, token) keeps its
 /// accumulator vector in `accs` ([rows, n, L]) between panels, so its FMA chain is the same
-/// as in `rows_xt`; the first panel starts from zero instead of `accs`.
+/// as in `rows_xt`; the first panel starts from zero instead of `accs`. With `AHEAD`, each
+/// chunk step also prefetches the same columns of the two x rows at `ahead` (tokens of the
+/// next tile; any address: a prefetch never faults).
 #[inline(always)]
-fn tile<S: Simd, const R: usize, const T: usize>(
+fn tile<S: Simd, const R: usize, const T: usize, const AHEAD: bool>(
     s: S,
     (w, r0, ps): (&[f32], usize, usize),
     (x, xs, t0, n): (&[f32], usize, usize, usize),
     (nc, first): (usize, bool),
     accs: &mut [f32],
+    ahead: [*const f32; 2],
 ) {
     let l = S::LANES;
     assert!(t0 + T <= n && nc * l <= ps && nc * l <= xs);
@@ -996,6 +1011,11 @@ fn tile<S: Simd, const R: usize, const T: usize>(
             }
         }
         for c in 0..nc {
+            if AHEAD {
+                for a in ahead {
+                    s.prefetch_x(a.wrapping_add(c * l).cast());
+                }
+            }
             let mut xv = [s.splat(0.0); T];
             for t in 0..T {
                 xv[t] = s.load(xpp.add((t0 + t) * xs + c * l));
@@ -1026,15 +1046,16 @@ fn tiles<S: Simd, const R: usize, const T: usize>(
     tt: usize,
 ) {
     assert!(tt >= 1 && tt <= T && T <= 8);
+    let no = [std::ptr::null(); 2];
     match tt {
-        t if t == T => tile::<S, R, T>(s, w, x, nc, accs),
-        1 => tile::<S, R, 1>(s, w, x, nc, accs),
-        2 => tile::<S, R, 2>(s, w, x, nc, accs),
-        3 => tile::<S, R, 3>(s, w, x, nc, accs),
-        4 => tile::<S, R, 4>(s, w, x, nc, accs),
-        5 => tile::<S, R, 5>(s, w, x, nc, accs),
-        6 => tile::<S, R, 6>(s, w, x, nc, accs),
-        _ => tile::<S, R, 7>(s, w, x, nc, accs),
+        t if t == T => tile::<S, R, T, false>(s, w, x, nc, accs, no),
+        1 => tile::<S, R, 1, false>(s, w, x, nc, accs, no),
+        2 => tile::<S, R, 2, false>(s, w, x, nc, accs, no),
+        3 => tile::<S, R, 3, false>(s, w, x, nc, accs, no),
+        4 => tile::<S, R, 4, false>(s, w, x, nc, accs, no),
+        5 => tile::<S, R, 5, false>(s, w, x, nc, accs, no),
+        6 => tile::<S, R, 6, false>(s, w, x, nc, accs, no),
+        _ => tile::<S, R, 7, false>(s, w, x, nc, accs, no),
     }
 }
 
@@ -1057,6 +1078,7 @@ pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
     let panel = S::GEMM_PANEL;
     const { assert!(S::GEMM_PANEL.is_multiple_of(32)) };
     let ps = panel_stride(nch, l, panel);
+    let ahead = s.gemm_x_ahead();
     assert!(
         accs.len() >= nrows * n * l && out.len() >= nrows * n && pbuf.len() >= nrows * ps,
         "gemm: accs must hold [nrows, n, L], out [nrows, n] and pbuf [nrows, panel_stride]"
@@ -1075,7 +1097,22 @@ pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
             let tt = T.min(n - t);
             let mut r = 0;
             while r + R <= nrows {
-                tiles::<S, R, T>(s, (wp, r, ps), (x, xs, t, n), nc, accs, tt);
+                if ahead && tt == T && t + T < n {
+                    // row tile i brings tokens 2i and 2i + 1 of the next tile into L1 (its
+                    // x comes from L2 or L3 otherwise: a token block of 4,096 columns is
+                    // 2 MiB), so the next tile finds its x there; past the next tile's
+                    // last token, its own (already in L1)
+                    let i = r / R;
+                    let at = |j: usize| {
+                        let k = t + T + 2 * i + j;
+                        let k = if 2 * i + j < T && k < n { k } else { t };
+                        x.as_ptr().wrapping_add(k * xs)
+                    };
+                    let w = (wp, r, ps);
+                    tile::<S, R, T, true>(s, w, (x, xs, t, n), nc, accs, [at(0), at(1)]);
+                } else {
+                    tiles::<S, R, T>(s, (wp, r, ps), (x, xs, t, n), nc, accs, tt);
+                }
                 r += R;
             }
             while r < nrows {

@@ -27,6 +27,8 @@ pub(crate) struct Avx2 {
     pf: Prefetch,
     /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
     fp8_bits: bool,
+    /// whether `gemm` prefetches the next token tile's x (`super::gemm_x_ahead`)
+    x_ahead: bool,
 }
 
 impl Avx2 {
@@ -37,6 +39,7 @@ impl Avx2 {
         ok.then(|| Avx2 {
             pf: Prefetch::avx2(),
             fp8_bits: super::fp8_bits(),
+            x_ahead: super::gemm_x_ahead(),
         })
     }
 }
@@ -184,6 +187,17 @@ impl Simd for Avx2 {
         // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
         // whatever the address (`Prefetch::line` picks the level).
         unsafe { self.pf.line(p) }
+    }
+
+    #[inline(always)]
+    fn gemm_x_ahead(self) -> bool {
+        self.x_ahead
+    }
+
+    #[inline(always)]
+    fn prefetch_x(self, p: *const u8) {
+        // SAFETY: see the impl; any address (`prefetch_l1`).
+        unsafe { super::prefetch_l1(p) }
     }
 
     /// The first 8 E2M1 values; not used by this tier (`fp4_scaled_table` reads

@@ -23,6 +23,8 @@ pub(crate) struct Avx512 {
     pf: Prefetch,
     /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
     fp8_bits: bool,
+    /// whether `gemm` prefetches the next token tile's x (`super::gemm_x_ahead`)
+    x_ahead: bool,
 }
 
 impl Avx512 {
@@ -36,6 +38,7 @@ impl Avx512 {
         ok.then(|| Avx512 {
             pf: Prefetch::avx512(),
             fp8_bits: super::fp8_bits(),
+            x_ahead: super::gemm_x_ahead(),
         })
     }
 }
@@ -199,6 +202,17 @@ impl Simd for Avx512 {
         // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
         // whatever the address (`Prefetch::line` picks the level).
         unsafe { self.pf.line(p) }
+    }
+
+    #[inline(always)]
+    fn gemm_x_ahead(self) -> bool {
+        self.x_ahead
+    }
+
+    #[inline(always)]
+    fn prefetch_x(self, p: *const u8) {
+        // SAFETY: see the impl; any address (`prefetch_l1`).
+        unsafe { super::prefetch_l1(p) }
     }
 
     #[inline(always)]

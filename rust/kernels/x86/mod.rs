@@ -74,6 +74,37 @@ pub(crate) fn fp8_bits() -> bool {
     })
 }
 
+/// Whether the prefill micro-kernel (`generic::gemm`) prefetches the next token tile's x
+/// into L1 while it computes the current one (`Simd::gemm_x_ahead`). A fixed rule on the
+/// CPU, decided once; `V4FLASH_GEMM_X_AHEAD=on` / `off` overrides it. A prefetch never
+/// changes a result. Measured (benches/README.md): on an Emerald Rapids Xeon (2 MiB L2, a
+/// mesh L3) the x of a 128-token block of 4,096 or 8,192 columns comes from L3, and the tile
+/// waits on it. Whole 2,048-token prefills there, off -> on in alternating pairs: AVX-512
+/// kernels 4.5 % faster (median of 8 pairs; 6 faster), prefill 37.3 -> 39.6 tok/s; AVX2
+/// kernels 81 -> 85 GFLOP/s (3 pairs, all faster). AMD is unmeasured and keeps the loop
+/// without it.
+pub(crate) fn gemm_x_ahead() -> bool {
+    static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *B.get_or_init(
+        || match std::env::var("V4FLASH_GEMM_X_AHEAD").ok().as_deref() {
+            Some("on" | "1") => true,
+            Some("off" | "0") => false,
+            _ => !amd(),
+        },
+    )
+}
+
+/// Brings the line at `p` into L1 (`prefetcht0`).
+///
+/// # Safety
+/// As `Prefetch::line`: SSE (baseline on x86_64); any address, never a fault.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_l1(p: *const u8) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    // SAFETY: the caller's contract.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+}
+
 /// Where a tier's one-token read-ahead of the next block of rows goes
 /// (`generic::prefetch_next`): into L1 (`prefetcht0`) or into L2 only (`prefetcht1`). A fixed
 /// rule on the CPU, decided once; a prefetch never changes a result. Measured
