@@ -279,6 +279,8 @@ _NO_PREFAULT = textwrap.dedent(
         got = s.generate(w["prompts"][1], max_new_tokens=8, temperature=0.8, seed=5, stop_ids=[])
         assert got == w["sampled"], (got, w["sampled"])
         assert m.stats()["prefaulted_slots"] == 0, m.stats()["prefaulted_slots"]
+        # no pre-fault: the reads claimed (touched) the slots they used
+        assert 0 < m.stats()["warm_slots"] <= slots, (m.stats()["warm_slots"], slots)
         print(key, "slots", slots, "ok")
     print("DONE")
     """
@@ -325,6 +327,7 @@ def test_prefault_runs_by_default():
     while m.stats()["prefaulted_slots"] < slots and time.monotonic() < deadline:
         time.sleep(0.05)
     assert m.stats()["prefaulted_slots"] == slots, (m.stats()["prefaulted_slots"], slots)
+    assert m.stats()["warm_slots"] == slots, (m.stats()["warm_slots"], slots)
 
 
 # ------------------------------------------------------------------------------- 4. mmap

@@ -168,8 +168,9 @@ impl MoeWeights {
         let mut routed = vec![0f32; n * h]; // [n, H]
         let mut started = vec![false; n];
         let mut shared = None;
-        let waves = distinct.len().div_ceil(store.max_batch().max(1));
-        for (w, wave) in distinct.chunks(store.max_batch().max(1)).enumerate() {
+        let batch = store.max_batch().max(1);
+        let waves = distinct.len().div_ceil(batch);
+        for (w, wave) in distinct.chunks(batch).enumerate() {
             // holds no pins here: the previous wave's were dropped at the end of its loop
             let mut pins = store.acquire(layer, wave)?;
             if w + 1 == waves {

@@ -45,6 +45,11 @@ use worker::Job;
 
 pub use layout::slot_size;
 
+/// The smallest wave `max_batch` allows while the cache is cold: a decode step's experts for
+/// one layer (6 for DeepSeek V4 Flash) and a prefill's waves fit without claiming untouched
+/// slots once this many are warm.
+const COLD_WAVE_MIN: usize = 16;
+
 #[derive(Default)]
 pub struct StoreCounters {
     pub requests: AtomicU64,
@@ -226,6 +231,14 @@ impl ExpertStore {
         }
     }
 
+    /// Slots touched already (pre-faulted, or claimed by a read).
+    pub fn warm_slots(&self) -> usize {
+        match &self.backend {
+            Backend::Slots(s) => s.sh.region.warm_slots(),
+            Backend::Mmap(_) => 0,
+        }
+    }
+
     pub fn region_bytes(&self) -> usize {
         match &self.backend {
             Backend::Slots(s) => s.sh.region.bytes(),
@@ -250,9 +263,19 @@ impl ExpertStore {
         }
     }
 
-    /// The most experts one call may pin at once.
+    /// The most experts one call should pin at once: every slot, except while the cache is
+    /// cold (the pre-fault still running), when it is the warm slots (at least
+    /// `COLD_WAVE_MIN`), so a wave's reads land in slots whose first-touch faults are paid
+    /// already (`region` module comment). Read it once per wave plan: it grows as the
+    /// pre-fault goes on. How experts are grouped into waves never changes a result.
     pub fn max_batch(&self) -> usize {
-        match self.backend {
+        match &self.backend {
+            Backend::Slots(s) if s.sh.region.cold() => {
+                s.sh.region
+                    .warm_slots()
+                    .max(COLD_WAVE_MIN)
+                    .min(self.n_slots)
+            }
             Backend::Slots(_) => self.n_slots,
             Backend::Mmap(_) => usize::MAX,
         }

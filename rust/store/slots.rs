@@ -25,6 +25,10 @@
 //!
 //! A slot the background pre-fault is zeroing is the only other thing a waiter can wait
 //! for; the pre-fault wakes waiters after every slot, and is never waited for otherwise.
+//! While the cache is cold (`Region::cold`) the head of the queue may also wait for warm
+//! slots held by others rather than claim untouched ones (`reserve`), but only when the
+//! warm slots not holding its own experts are enough for its wave; those are held by
+//! pins (rule 2) or by reads the I/O threads finish, so that wait is finite too.
 
 use super::layout::Layout;
 use super::policy::{Policy, Usage};
@@ -210,7 +214,10 @@ impl Shared {
 
     /// Whether `need` slots can be taken now. Empty slots the pre-fault has not reached yet
     /// are claimed here (as many as needed), so the pre-fault cannot start zeroing a slot
-    /// between this count and `take_slot`.
+    /// between this count and `take_slot`. While the cache is cold (`Region::cold`) only
+    /// what the warm slots could never provide is claimed: otherwise the caller waits for
+    /// warm slots to come free (their reads finish, their pins are dropped, or the
+    /// pre-fault warms more), which every holder does in finite time (module comment).
     fn reserve(&self, g: &Inner, keep: &[u32], need: usize) -> bool {
         let mut have = 0;
         let mut untouched = Vec::new();
@@ -224,37 +231,68 @@ impl Shared {
                 have += 1;
             }
         }
+        if have >= need {
+            return true;
+        }
+        let claims = if self.region.cold() {
+            // warm slots this wave could get once their holders are done with them
+            let warm = (0..g.slots.len())
+                .filter(|&i| {
+                    let s = &g.slots[i];
+                    self.region.is_warm(i)
+                        && s.state != SlotState::Quarantined
+                        && !s.key.is_some_and(|k| keep.contains(&k))
+                })
+                .count();
+            need.saturating_sub(warm)
+        } else {
+            need - have
+        };
+        let mut claimed = 0;
         for i in untouched {
-            if have >= need {
+            if claimed >= claims {
                 break;
             }
             if self.region.claim(i) {
-                have += 1;
+                claimed += 1;
             }
         }
-        have >= need
+        have + claimed >= need
     }
 
-    /// Picks a slot for a new expert: an empty pre-faulted one, else an empty one not yet
-    /// faulted (claimed from the pre-fault), else the evictable one of lowest priority.
-    fn take_slot(&self, g: &mut Inner, keep: &[u32]) -> Option<usize> {
+    /// Picks a slot for a new expert: an empty warm one (pre-faulted, or claimed already),
+    /// else an empty one not yet faulted (claimed from the pre-fault), else the evictable
+    /// one of lowest priority. While the cache is cold the eviction comes before the claim,
+    /// and the claim is made only `if_cold` (by `acquire`, whose `reserve` counted the
+    /// slots; a prefetch then takes no slot rather than pay first-touch faults).
+    fn take_slot(&self, g: &mut Inner, keep: &[u32], if_cold: bool) -> Option<usize> {
         let empty =
             |g: &Inner, i: usize| g.slots[i].state == SlotState::Empty && self.takeable(g, i, keep);
+        let claim_empty =
+            |g: &Inner| (0..g.slots.len()).find(|&i| empty(g, i) && self.region.claim(i));
+        let cold = self.region.cold();
         let pick = (0..g.slots.len())
             .find(|&i| empty(g, i) && self.region.is_warm(i))
-            .or_else(|| (0..g.slots.len()).find(|&i| empty(g, i) && self.region.claim(i)));
+            .or_else(|| if cold { None } else { claim_empty(g) });
         if pick.is_some() {
             return pick;
         }
         let token = g.token;
         let victim = (0..g.slots.len())
-            .filter(|&i| self.takeable(g, i, keep) && self.region.claim(i))
+            .filter(|&i| self.takeable(g, i, keep) && self.region.is_warm(i))
             .min_by(|&a, &b| {
                 self.policy
                     .priority(&g.slots[a].usage, token)
                     .partial_cmp(&self.policy.priority(&g.slots[b].usage, token))
                     .unwrap_or(std::cmp::Ordering::Equal)
-            })?;
+            });
+        let Some(victim) = victim else {
+            return if cold && if_cold {
+                claim_empty(g)
+            } else {
+                None
+            };
+        };
         if let Some(k) = g.slots[victim].key.take() {
             g.map.remove(&k);
         }
@@ -319,7 +357,7 @@ impl Shared {
                 }
                 None => {
                     c.misses.fetch_add(1, Ordering::Relaxed);
-                    let Some(s) = self.take_slot(&mut g, keys) else {
+                    let Some(s) = self.take_slot(&mut g, keys, true) else {
                         // Cannot happen (enough takeable slots were counted under this same
                         // lock); undo the pins taken so far, without creating Pin guards.
                         for &p in &slots {
@@ -360,7 +398,7 @@ impl Shared {
             if g.map.contains_key(&key) {
                 continue;
             }
-            let Some(s) = self.take_slot(&mut g, keys) else {
+            let Some(s) = self.take_slot(&mut g, keys, false) else {
                 break;
             };
             g.tick += 1;

@@ -78,6 +78,87 @@ fn a_wave_larger_than_the_prefaulted_slots_never_waits_for_the_prefault() {
     });
 }
 
+/// The region of a slot-backed store (the cold-cache tests drive it directly).
+fn region_of(st: &ExpertStore) -> Arc<region::Region> {
+    match &st.backend {
+        Backend::Slots(s) => s.sh.region.clone(),
+        Backend::Mmap(_) => panic!("not the slot backend"),
+    }
+}
+
+#[test]
+fn a_cold_cache_reuses_warm_slots_and_claims_only_what_they_cannot_give() {
+    within(60, || {
+        // 40 slots, no pre-fault thread: the test says when the cache counts as cold
+        let (st, ck) = open("tiny-a", IoMode::Direct, 40, false);
+        let r = region_of(&st);
+        assert_eq!(st.max_batch(), 40, "not cold: every slot");
+        load_and_check(&st, &ck, 0, &[0, 1, 2]);
+        assert_eq!(r.warm_slots(), 3, "not cold: the reads claimed their slots");
+
+        r.pretend_prefaulting(true);
+        assert!(r.cold());
+        assert_eq!(
+            st.max_batch(),
+            COLD_WAVE_MIN,
+            "cold: waves within the warm slots"
+        );
+        // three misses, three warm slots holding older experts: evicted, nothing claimed
+        load_and_check(&st, &ck, 1, &[0, 1, 2]);
+        assert_eq!(r.warm_slots(), 3, "evicted warm slots instead of claiming");
+        // a prefetch takes warm slots only, and stops when there is none
+        st.prefetch(2, &[0, 1, 2, 3, 4]);
+        assert_eq!(r.warm_slots(), 3, "a cold prefetch never claims");
+        // five experts, three of them the prefetched ones: two warm slots short, two claimed
+        load_and_check(&st, &ck, 2, &[0, 1, 2, 3, 4]);
+        assert_eq!(r.warm_slots(), 5, "claimed exactly the shortfall");
+        // the layer-1 experts were evicted for the prefetch: misses that read right bytes
+        load_and_check(&st, &ck, 1, &[0, 1, 2]);
+        assert_eq!(r.warm_slots(), 5);
+
+        r.pretend_prefaulting(false);
+        assert_eq!(st.max_batch(), 40);
+        // not cold: a miss takes an untouched slot before evicting anything
+        load_and_check(&st, &ck, 3, &[7, 8]);
+        assert_eq!(r.warm_slots(), 7, "not cold: the cache grows again");
+    });
+}
+
+#[test]
+fn many_callers_on_a_cold_cache_all_finish_within_the_warm_slots() {
+    within(120, || {
+        let (st, ck) = open("tiny-b", IoMode::Direct, 6, false);
+        let r = region_of(&st);
+        load_and_check(&st, &ck, 0, &[0, 1]);
+        r.pretend_prefaulting(true);
+        let st = Arc::new(st);
+        let hs: Vec<_> = (0..4)
+            .map(|t| {
+                let (st, ck) = (st.clone(), ck.clone());
+                std::thread::spawn(move || {
+                    for i in 0..30 {
+                        let a = (i * 3 + t) % 8;
+                        let wave: Vec<usize> = match i % 3 {
+                            0 => vec![a],
+                            1 => vec![a, (a + 1) % 8],
+                            _ => vec![a, (a + 3) % 8, (a + 5) % 8],
+                        };
+                        let mut wave = wave;
+                        wave.sort_unstable();
+                        load_and_check(&st, &ck, (t + i) % 5, &wave);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        // callers waited for warm slots rather than claim new ones: only the first wave of
+        // three found two warm slots and claimed the third
+        assert_eq!(r.warm_slots(), 3);
+    });
+}
+
 #[test]
 fn view_before_wait_is_an_error_not_a_race() {
     let (st, _ck) = open("tiny-a", IoMode::Buffered, 2, true);
