@@ -289,6 +289,17 @@ pub fn fast_products() -> FastProducts {
     }
 }
 
+/// An on/off override from the environment: `on` or `1` is Some(true), `off` or `0`
+/// Some(false), unset or anything else None (the rule of the switch decides).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn env_switch(name: &str) -> Option<bool> {
+    match std::env::var(name).ok().as_deref() {
+        Some("on" | "1") => Some(true),
+        Some("off" | "0") => Some(false),
+        _ => None,
+    }
+}
+
 /// The `vdpbf16ps` kernels fast and official numerics use for FP8/FP4 products: when the
 /// active tier is AVX-512, the CPU has avx512_bf16 and runs it at full rate
 /// (`x86::Bf16::full_rate`), decided once. `V4FLASH_BF16=off` turns them off,
@@ -299,12 +310,8 @@ pub fn fast_products() -> FastProducts {
 fn bf16_kernel() -> Option<x86::Bf16> {
     static B: OnceLock<Option<x86::Bf16>> = OnceLock::new();
     *B.get_or_init(|| {
-        let env = std::env::var("V4FLASH_BF16").ok();
-        let (off, on) = match env.as_deref() {
-            Some("off" | "0") => (true, false),
-            Some("on" | "1") => (false, true),
-            _ => (false, false),
-        };
+        let env = env_switch("V4FLASH_BF16");
+        let (off, on) = (env == Some(false), env == Some(true));
         if off || active_tier() != Tier::Avx512 {
             return None;
         }

@@ -67,11 +67,7 @@ pub(crate) fn cpu_family() -> u32 {
 /// never slow.
 pub(crate) fn fp8_bits() -> bool {
     static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *B.get_or_init(|| match std::env::var("V4FLASH_FP8_BITS").ok().as_deref() {
-        Some("on" | "1") => true,
-        Some("off" | "0") => false,
-        _ => amd(),
-    })
+    *B.get_or_init(|| super::env_switch("V4FLASH_FP8_BITS").unwrap_or_else(amd))
 }
 
 /// Whether the prefill micro-kernel (`generic::gemm`) prefetches the next token tile's x
@@ -85,13 +81,7 @@ pub(crate) fn fp8_bits() -> bool {
 /// without it.
 pub(crate) fn gemm_x_ahead() -> bool {
     static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *B.get_or_init(
-        || match std::env::var("V4FLASH_GEMM_X_AHEAD").ok().as_deref() {
-            Some("on" | "1") => true,
-            Some("off" | "0") => false,
-            _ => !amd(),
-        },
-    )
+    *B.get_or_init(|| super::env_switch("V4FLASH_GEMM_X_AHEAD").unwrap_or_else(|| !amd()))
 }
 
 /// Brings the line at `p` into L1 (`prefetcht0`).
