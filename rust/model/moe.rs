@@ -193,8 +193,14 @@ impl MoeWeights {
                     for (j, &(t, _)) in us.iter().enumerate() {
                         xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
                     }
-                    let mut g = mm(&ex.w1(), &xe, m, numerics);
-                    let u = mm(&ex.w3(), &xe, m, numerics);
+                    // w1 and w3 share their input: one fork for both (each also
+                    // splits its rows), not two one after the other. One token's FP4
+                    // expert: 1.4-6.5 % more GB/s on an Intel Xeon VM whose fork-join costs
+                    // 30-40 us a call (`kernels_ab expert`, benches/README.md)
+                    let (mut g, u) = rayon::join(
+                        || mm(&ex.w1(), &xe, m, numerics),
+                        || mm(&ex.w3(), &xe, m, numerics),
+                    );
                     swiglu(&mut g, &u, c.swiglu_limit);
                     if pre_weight {
                         for (gj, &(_, w)) in g.chunks_exact_mut(ex.w1().rows).zip(us) {
