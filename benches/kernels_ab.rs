@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]
 //! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]
+//! cargo bench --bench kernels_ab -- expert  fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]
 //! ```
 //!
 //! `fp4-fast`: the FP4 product of fast numerics without bf16 products (int8 activations,
@@ -20,12 +21,14 @@
 //!   round next to the register-only FMA loop of the same tier on all threads
 //!   (`kernels::fma_probe`). Prints GFLOP/s and the median of the per-round ratios to that
 //!   peak.
+//! - `expert`: one token through a ring of experts, w1 and w3 one after the other against
+//!   side by side (`expert` below).
 
 mod common;
 
 use _core::kernels::{fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier};
 use _core::probe::mem_read_gbs;
-use common::{make, mat, ring, Kind};
+use common::{make, mat, ring, Kind, Owned};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -121,7 +124,73 @@ fn prefill(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, n: usiz
     );
 }
 
-const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]";
+/// One token through a ring of experts (w1, w3 [inter, hidden], w2 [hidden, inter]; >= 2
+/// GiB in all, so from DRAM), each expert in one `install` on a pool as the engine runs it:
+/// w1 and w3 one after the other (A) against side by side in a `rayon::join` (B), rounds
+/// alternating. Prints GB/s of weights for both and the median of the per-round B/A ratios.
+fn expert(kind: Kind, inter: usize, hidden: usize, tier: Tier, rounds: usize) {
+    let (w13, w2) = (make(kind, inter, hidden, 1), make(kind, hidden, inter, 2));
+    let one = 2 * mat(kind, inter, hidden, &w13).bytes() + mat(kind, hidden, inter, &w2).bytes();
+    let copies = (2usize << 30).div_ceil(one);
+    let ring: Vec<[Owned; 3]> = (0..copies)
+        .map(|_| {
+            let c = |o: &Owned| Owned {
+                q: o.q.clone(),
+                s: o.s.clone(),
+            };
+            [c(&w13), c(&w13), c(&w2)]
+        })
+        .collect();
+    let x: Vec<f32> = (0..hidden).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+    let pool = match rayon::ThreadPoolBuilder::new().build() {
+        Ok(p) => p,
+        Err(e) => return println!("no thread pool: {e}"),
+    };
+    let run_all = |joined: bool| -> f64 {
+        let t0 = Instant::now();
+        for e in &ring {
+            let (m1, m3) = (
+                mat(kind, inter, hidden, &e[0]),
+                mat(kind, inter, hidden, &e[1]),
+            );
+            let m2 = mat(kind, hidden, inter, &e[2]);
+            let y = pool.install(|| {
+                let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
+                let r1 = |g: &mut Vec<f32>| matmul_tier(tier, &m1, 0..inter, &x, 1, g);
+                let r3 = |u: &mut Vec<f32>| matmul_tier(tier, &m3, 0..inter, &x, 1, u);
+                let (a, b) = if joined {
+                    rayon::join(|| r1(&mut g), || r3(&mut u))
+                } else {
+                    (r1(&mut g), r3(&mut u))
+                };
+                a.and(b).expect("the tier was checked");
+                for (a, b) in g.iter_mut().zip(&u) {
+                    *a = *a / (1.0 + (-*a).exp()) * b;
+                }
+                let mut y = vec![0f32; hidden];
+                matmul_tier(tier, &m2, 0..hidden, &g, 1, &mut y).expect("the tier was checked");
+                y
+            });
+            std::hint::black_box(&y);
+        }
+        (one * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let (mut a, mut b) = (vec![], vec![]);
+    for _ in 0..rounds {
+        a.push(run_all(false));
+        b.push(run_all(true));
+    }
+    let ratio: Vec<f64> = b.iter().zip(&a).map(|(b, a)| b / a).collect();
+    println!(
+        "expert {inter}x{hidden} {}: w1 then w3 {:.1} GB/s, joined {:.1} GB/s, ratio {:.3} (medians of {rounds})",
+        tier.name(),
+        median(a),
+        median(b),
+        median(ratio)
+    );
+}
+
+const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets too; only `cargo bench` (which passes
@@ -177,6 +246,10 @@ fn main() {
     }
     match args[0].as_str() {
         "decode" => decode(kind, path, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
+        "expert" if path != Path::Exact => {
+            println!("expert runs the exact kernels: fp4, fp8 or bf16")
+        }
+        "expert" => expert(kind, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
         "prefill" => {
             let Some(n) = num(5, "TOKENS") else { return };
             prefill(
