@@ -621,7 +621,7 @@ impl PyModel {
             let t0 = std::time::Instant::now();
             for wave in experts.chunks(m.experts.max_batch().max(1)) {
                 let mut pins = m.experts.acquire(layer, wave)?;
-                while m.experts.wait_any(&mut pins)?.is_some() {}
+                while !m.experts.wait_ready(&mut pins)?.is_empty() {}
             }
             Ok(t0.elapsed().as_secs_f64())
         })

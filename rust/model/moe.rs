@@ -9,7 +9,13 @@ use super::weights::Linear;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::kernels::{self, ops, MatRef, Numerics};
-use crate::store::ExpertStore;
+use crate::store::{ExpertStore, ExpertView};
+use rayon::prelude::*;
+
+/// Tokens of experts run side by side in one parallel call (`MoeWeights::experts_out`):
+/// enough for a decode step's experts; experts with more tokens run one at a time, so the
+/// memory of side-by-side experts' intermediates stays that of a few tokens.
+const SIDE_BY_SIDE_TOKENS: usize = 16;
 
 pub struct MoeWeights {
     /// [E, H] router
@@ -179,36 +185,38 @@ impl MoeWeights {
                     store.prefetch(nl, es);
                 }
             }
-            if shared.is_none() {
-                // the first wave's reads are in flight: compute the shared expert meanwhile
-                shared = Some(pool.install(|| self.shared(c, numerics, y, n)));
-            }
-            while let Some(i) = store.wait_any(&mut pins)? {
-                let e = pins[i].expert;
-                let ex = store.view(&pins[i])?;
-                let us = &users[e];
-                outs[e] = pool.install(|| {
-                    let m = us.len();
-                    let mut xe = vec![0f32; m * h];
-                    for (j, &(t, _)) in us.iter().enumerate() {
-                        xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
-                    }
-                    // w1 and w3 share their input: one fork for both (each also
-                    // splits its rows), not two one after the other. One token's FP4
-                    // expert: 1.4-6.5 % more GB/s on an Intel Xeon VM whose fork-join costs
-                    // 30-40 us a call (`kernels_ab expert`, benches/README.md)
-                    let (mut g, u) = rayon::join(
-                        || mm(&ex.w1(), &xe, m, numerics),
-                        || mm(&ex.w3(), &xe, m, numerics),
-                    );
-                    swiglu(&mut g, &u, c.swiglu_limit);
-                    if pre_weight {
-                        for (gj, &(_, w)) in g.chunks_exact_mut(ex.w1().rows).zip(us) {
-                            gj.iter_mut().for_each(|v| *v *= w);
-                        }
-                    }
-                    mm(&ex.w2(), &g, m, numerics) // [m, H]
-                });
+            let mut first = shared.is_none();
+            loop {
+                // the first time, what is cached already (perhaps nothing) goes with the
+                // shared expert while the first wave's reads are in flight; then every
+                // expert as soon as it is here, those that are here together
+                let ready = if first {
+                    store.take_ready(&mut pins)?
+                } else {
+                    store.wait_ready(&mut pins)?
+                };
+                if ready.is_empty() && !first {
+                    break;
+                }
+                let mut views = Vec::with_capacity(ready.len());
+                for &i in &ready {
+                    views.push((pins[i].expert, store.view(&pins[i])?));
+                }
+                let run = |views: &[(usize, ExpertView)]| -> Vec<Vec<f32>> {
+                    self.experts_out(c, numerics, y, &users, views)
+                };
+                let ys = if first {
+                    let (s, ys) = pool
+                        .install(|| rayon::join(|| self.shared(c, numerics, y, n), || run(&views)));
+                    shared = Some(s);
+                    first = false;
+                    ys
+                } else {
+                    pool.install(|| run(&views))
+                };
+                for ((e, _), o) in views.iter().zip(ys) {
+                    outs[*e] = o;
+                }
             }
             drop(pins);
             // waves are in ascending expert order, and so is each wave: every token's sum
@@ -233,6 +241,42 @@ impl MoeWeights {
         Ok((routed, distinct))
     }
 
+    /// The outputs [m, H] of experts whose weights are here (`views`: expert, weights), for
+    /// their users' rows of y [n, H]; on the pool. Experts with few tokens run side by side
+    /// in groups of up to `SIDE_BY_SIDE_TOKENS` tokens, so that one parallel call covers
+    /// several of them: a decode step's experts are each a few MB, and a fork-join per
+    /// product costs a visible share of their time (`kernels_ab wave`, benches/README.md).
+    /// Each expert's output is computed the same way wherever it runs.
+    fn experts_out(
+        &self,
+        c: &ModelConfig,
+        numerics: Numerics,
+        y: &[f32],
+        users: &[Vec<(usize, f32)>],
+        views: &[(usize, ExpertView)],
+    ) -> Vec<Vec<f32>> {
+        let one = |(e, ex): &(usize, ExpertView)| expert_out(c, numerics, y, &users[*e], ex);
+        let mut outs = Vec::with_capacity(views.len());
+        let mut rest = views;
+        while !rest.is_empty() {
+            // the longest run from the start within the token budget, at least one expert
+            let mut take = 1;
+            let mut tokens = users[rest[0].0].len();
+            while take < rest.len() && tokens + users[rest[take].0].len() <= SIDE_BY_SIDE_TOKENS {
+                tokens += users[rest[take].0].len();
+                take += 1;
+            }
+            let (group, tail) = rest.split_at(take);
+            if take == 1 {
+                outs.push(one(&group[0]));
+            } else {
+                outs.par_extend(group.par_iter().map(one));
+            }
+            rest = tail;
+        }
+        outs
+    }
+
     /// The shared expert's output [n, H] for y [n, H].
     fn shared(&self, c: &ModelConfig, numerics: Numerics, y: &[f32], n: usize) -> Vec<f32> {
         let mut g = self.sw1.forward_in(numerics, y, n);
@@ -240,6 +284,37 @@ impl MoeWeights {
         swiglu(&mut g, &u, c.swiglu_limit);
         self.sw2.forward_in(numerics, &g, n)
     }
+}
+
+/// One expert's output [m, H] for its m users' rows of y [n, H] (`us`: token, weight):
+/// w2 · (silu(w1 x) · w3 x) with the clamps, the weight applied before w2 in official
+/// numerics. On the pool.
+fn expert_out(
+    c: &ModelConfig,
+    numerics: Numerics,
+    y: &[f32],
+    us: &[(usize, f32)],
+    ex: &ExpertView,
+) -> Vec<f32> {
+    let (h, m) = (c.hidden_size, us.len());
+    let mut xe = vec![0f32; m * h];
+    for (j, &(t, _)) in us.iter().enumerate() {
+        xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
+    }
+    // w1 and w3 share their input: one fork for both (each also splits its rows), not two
+    // one after the other. One token's FP4 expert: 1.4-6.5 % more GB/s on an Intel Xeon VM
+    // whose fork-join costs 30-40 us a call (`kernels_ab expert`, benches/README.md)
+    let (mut g, u) = rayon::join(
+        || mm(&ex.w1(), &xe, m, numerics),
+        || mm(&ex.w3(), &xe, m, numerics),
+    );
+    swiglu(&mut g, &u, c.swiglu_limit);
+    if numerics.official() {
+        for (gj, &(_, w)) in g.chunks_exact_mut(ex.w1().rows).zip(us) {
+            gj.iter_mut().for_each(|v| *v *= w);
+        }
+    }
+    mm(&ex.w2(), &g, m, numerics) // [m, H]
 }
 
 /// Adds the outputs of `experts` (ascending) into `routed` [n, H], weighted (unless the

@@ -105,7 +105,7 @@ pub struct ExpertStore {
 }
 
 /// A pinned expert: its slot cannot be evicted until the pin is dropped. Its weights can be
-/// viewed once `wait_any` has returned it.
+/// viewed once `wait_ready` (or `take_ready`) has returned it.
 pub struct Pin<'a> {
     store: &'a ExpertStore,
     /// the slot (slot backend) or the expert key (mmap backend)
@@ -358,50 +358,78 @@ impl ExpertStore {
         }
     }
 
-    /// Waits until one of `pins` not yet returned is ready; returns its index in `pins`.
-    /// Experts arrive in any order; the caller computes each as soon as it is here.
-    pub fn wait_any(&self, pins: &mut [Pin<'_>]) -> Result<Option<usize>> {
-        let Some(first) = pins.iter().position(|p| !p.ready) else {
-            return Ok(None);
-        };
+    /// Waits until at least one of `pins` not yet returned is ready, then returns (and marks
+    /// returned) every one of them that is ready by then, ascending; empty once all have been
+    /// returned. Experts arrive in any order; the caller computes each batch as soon as it is
+    /// here, so experts that are cached already are computed together.
+    pub fn wait_ready(&self, pins: &mut [Pin<'_>]) -> Result<Vec<usize>> {
+        self.collect_ready(pins, true)
+    }
+
+    /// Like `wait_ready`, without waiting: the pins not yet returned that are ready now
+    /// (empty if none is).
+    pub fn take_ready(&self, pins: &mut [Pin<'_>]) -> Result<Vec<usize>> {
+        self.collect_ready(pins, false)
+    }
+
+    fn collect_ready(&self, pins: &mut [Pin<'_>], block: bool) -> Result<Vec<usize>> {
+        if pins.iter().all(|p| p.ready) {
+            return Ok(Vec::new());
+        }
         let s = match &self.backend {
             Backend::Mmap(_) => {
-                pins[first].ready = true;
-                return Ok(Some(first));
+                // mapped experts are always here
+                let got: Vec<usize> = (0..pins.len()).filter(|&i| !pins[i].ready).collect();
+                for &i in &got {
+                    pins[i].ready = true;
+                }
+                return Ok(got);
             }
             Backend::Slots(s) => s,
         };
         let t0 = Instant::now();
         let mut g = s.sh.lock();
         let r = loop {
-            let mut found = None;
+            let mut got = Ok(Vec::new());
             for (i, p) in pins.iter().enumerate().filter(|(_, p)| !p.ready) {
                 match s.sh.poll(&g, p.slot, p.key) {
-                    Ok(true) => found = Some(Ok(i)),
-                    Ok(false) => continue,
-                    Err(e) => found = Some(Err(e)),
+                    Ok(true) => {
+                        if let Ok(v) = &mut got {
+                            v.push(i);
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        got = Err(e);
+                        break;
+                    }
                 }
-                break;
             }
-            match found {
-                Some(r) => break r,
-                None => g = s.sh.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
+            match got {
+                Ok(v) if v.is_empty() && block => {
+                    g = s.sh.cv.wait(g).unwrap_or_else(|p| p.into_inner())
+                }
+                r => break r,
             }
         };
         drop(g);
-        self.counters
-            .wait_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let i = r?;
-        pins[i].ready = true;
-        Ok(Some(i))
+        if block {
+            self.counters
+                .wait_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        let got = r?;
+        for &i in &got {
+            pins[i].ready = true;
+        }
+        Ok(got)
     }
 
-    /// The weights behind a pin that `wait_any` has returned.
+    /// The weights behind a pin that `wait_ready` or `take_ready` has returned.
     pub fn view<'p>(&'p self, pin: &'p Pin<'_>) -> Result<ExpertView<'p>> {
         if !pin.ready || !std::ptr::eq(pin.store, self) {
             return Err(Error::arg(
-                "internal: an expert was viewed before wait_any returned it",
+                "internal: an expert was viewed before wait_ready returned it",
             ));
         }
         let mut parts: [&[u8]; 6] = [&[]; 6];
@@ -415,7 +443,7 @@ impl ExpertStore {
                 let lay = &s.sh.layouts[pin.key as usize];
                 for (k, p) in parts.iter_mut().enumerate() {
                     let (start, len) = lay.parts[k];
-                    // SAFETY: `pin.ready` is set only by `wait_any` after it saw the slot
+                    // SAFETY: `pin.ready` is set only by `collect_ready` after it saw the slot
                     // Ready, which `finish` sets once every read of the job has completed
                     // (for io_uring: been reaped); the pin keeps the slot from being taken
                     // again (so no new job writes it) until this borrow of the pin ends.

@@ -47,20 +47,26 @@ fn open(name: &str, io: IoMode, slots: usize, prefault: bool) -> (ExpertStore, A
 fn load_and_check(st: &ExpertStore, ck: &Checkpoint, layer: usize, experts: &[usize]) {
     let mut pins = st.acquire(layer, experts).unwrap();
     let mut seen = 0;
-    while let Some(i) = st.wait_any(&mut pins).unwrap() {
-        let v = st.view(&pins[i]).unwrap();
-        for (k, part) in v.parts.iter().enumerate() {
-            let t = ck
-                .tensor(&layout::part_name(layer, pins[i].expert, k))
-                .unwrap();
-            assert_eq!(
-                *part,
-                &ck.read(t).unwrap()[..],
-                "layer {layer} expert {} part {k}",
-                pins[i].expert
-            );
+    loop {
+        let got = st.wait_ready(&mut pins).unwrap();
+        if got.is_empty() {
+            break;
         }
-        seen += 1;
+        for i in got {
+            let v = st.view(&pins[i]).unwrap();
+            for (k, part) in v.parts.iter().enumerate() {
+                let t = ck
+                    .tensor(&layout::part_name(layer, pins[i].expert, k))
+                    .unwrap();
+                assert_eq!(
+                    *part,
+                    &ck.read(t).unwrap()[..],
+                    "layer {layer} expert {} part {k}",
+                    pins[i].expert
+                );
+            }
+            seen += 1;
+        }
     }
     assert_eq!(seen, experts.len());
 }
@@ -156,6 +162,45 @@ fn many_callers_on_a_cold_cache_all_finish_within_the_warm_slots() {
         // callers waited for warm slots rather than claim new ones: only the first wave of
         // three found two warm slots and claimed the third
         assert_eq!(r.warm_slots(), 3);
+    });
+}
+
+#[test]
+fn cached_experts_are_ready_at_once_and_each_pin_is_returned_once() {
+    within(60, || {
+        for io in [IoMode::Direct, IoMode::Buffered] {
+            let (st, ck) = open("tiny-a", io, 8, false);
+            load_and_check(&st, &ck, 1, &[2, 6]);
+            // experts 2 and 6 are cached: take_ready returns them without waiting (the
+            // misses may have arrived too by then); wait_ready returns the rest, then nothing
+            let mut pins = st.acquire(1, &[0, 2, 4, 6, 9]).unwrap();
+            let first = st.take_ready(&mut pins).unwrap();
+            assert!(
+                first.windows(2).all(|w| w[0] < w[1]),
+                "ascending: {first:?}"
+            );
+            for e in [2, 6] {
+                let i = pins.iter().position(|p| p.expert == e).unwrap();
+                assert!(first.contains(&i), "cached expert {e} not ready at once");
+            }
+            let mut seen = first.clone();
+            loop {
+                let got = st.wait_ready(&mut pins).unwrap();
+                if got.is_empty() {
+                    break;
+                }
+                assert!(got.windows(2).all(|w| w[0] < w[1]), "ascending: {got:?}");
+                seen.extend(got);
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, vec![0, 1, 2, 3, 4], "every pin exactly once");
+            assert!(st.take_ready(&mut pins).unwrap().is_empty());
+            for p in &pins {
+                let v = st.view(p).unwrap();
+                let t = ck.tensor(&layout::part_name(1, p.expert, 0)).unwrap();
+                assert_eq!(v.parts[0], &ck.read(t).unwrap()[..], "expert {}", p.expert);
+            }
+        }
     });
 }
 
