@@ -6,6 +6,7 @@
 //! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]
 //! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]
 //! cargo bench --bench kernels_ab -- expert  fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]
+//! cargo bench --bench kernels_ab -- wave    fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]
 //! ```
 //!
 //! `fp4-fast`: the FP4 product of fast numerics without bf16 products (int8 activations,
@@ -23,6 +24,8 @@
 //!   peak.
 //! - `expert`: one token through a ring of experts, w1 and w3 one after the other against
 //!   side by side (`expert` below).
+//! - `wave`: one token through the same ring, each expert in its own `install` against
+//!   EXPERTS experts at a time in one (`wave` below), next to the streaming read.
 
 mod common;
 
@@ -31,6 +34,50 @@ use _core::probe::mem_read_gbs;
 use common::{make, mat, ring, Kind, Owned};
 use rayon::prelude::*;
 use std::time::Instant;
+
+/// `copies` experts (w1, w3 [inter, hidden], w2 [hidden, inter]) of >= 2 GiB in all, so
+/// the weights come from DRAM; and the bytes of one.
+fn expert_ring(kind: Kind, inter: usize, hidden: usize) -> (Vec<[Owned; 3]>, usize) {
+    let (w13, w2) = (make(kind, inter, hidden, 1), make(kind, hidden, inter, 2));
+    let one = 2 * mat(kind, inter, hidden, &w13).bytes() + mat(kind, hidden, inter, &w2).bytes();
+    let copies = (2usize << 30).div_ceil(one);
+    let c = |o: &Owned| Owned {
+        q: o.q.clone(),
+        s: o.s.clone(),
+    };
+    let ring = (0..copies).map(|_| [c(&w13), c(&w13), c(&w2)]).collect();
+    (ring, one)
+}
+
+/// One token through expert `e` ([w1, w3, w2]) as the engine runs it, w1 and w3 one after
+/// the other or (`joined`) side by side; the caller is on the pool.
+fn expert_token(
+    (kind, inter, hidden, tier): (Kind, usize, usize, Tier),
+    e: &[Owned; 3],
+    x: &[f32],
+    joined: bool,
+) -> Vec<f32> {
+    let (m1, m3) = (
+        mat(kind, inter, hidden, &e[0]),
+        mat(kind, inter, hidden, &e[1]),
+    );
+    let m2 = mat(kind, hidden, inter, &e[2]);
+    let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
+    let r1 = |g: &mut Vec<f32>| matmul_tier(tier, &m1, 0..inter, x, 1, g);
+    let r3 = |u: &mut Vec<f32>| matmul_tier(tier, &m3, 0..inter, x, 1, u);
+    let (a, b) = if joined {
+        rayon::join(|| r1(&mut g), || r3(&mut u))
+    } else {
+        (r1(&mut g), r3(&mut u))
+    };
+    a.and(b).expect("the tier was checked");
+    for (a, b) in g.iter_mut().zip(&u) {
+        *a = *a / (1.0 + (-*a).exp()) * b;
+    }
+    let mut y = vec![0f32; hidden];
+    matmul_tier(tier, &m2, 0..hidden, &g, 1, &mut y).expect("the tier was checked");
+    y
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -129,51 +176,20 @@ fn prefill(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, n: usiz
 /// w1 and w3 one after the other (A) against side by side in a `rayon::join` (B), rounds
 /// alternating. Prints GB/s of weights for both and the median of the per-round B/A ratios.
 fn expert(kind: Kind, inter: usize, hidden: usize, tier: Tier, rounds: usize) {
-    let (w13, w2) = (make(kind, inter, hidden, 1), make(kind, hidden, inter, 2));
-    let one = 2 * mat(kind, inter, hidden, &w13).bytes() + mat(kind, hidden, inter, &w2).bytes();
-    let copies = (2usize << 30).div_ceil(one);
-    let ring: Vec<[Owned; 3]> = (0..copies)
-        .map(|_| {
-            let c = |o: &Owned| Owned {
-                q: o.q.clone(),
-                s: o.s.clone(),
-            };
-            [c(&w13), c(&w13), c(&w2)]
-        })
-        .collect();
+    let (ring, one) = expert_ring(kind, inter, hidden);
     let x: Vec<f32> = (0..hidden).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
     let pool = match rayon::ThreadPoolBuilder::new().build() {
         Ok(p) => p,
         Err(e) => return println!("no thread pool: {e}"),
     };
+    let shape = (kind, inter, hidden, tier);
     let run_all = |joined: bool| -> f64 {
         let t0 = Instant::now();
         for e in &ring {
-            let (m1, m3) = (
-                mat(kind, inter, hidden, &e[0]),
-                mat(kind, inter, hidden, &e[1]),
-            );
-            let m2 = mat(kind, hidden, inter, &e[2]);
-            let y = pool.install(|| {
-                let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
-                let r1 = |g: &mut Vec<f32>| matmul_tier(tier, &m1, 0..inter, &x, 1, g);
-                let r3 = |u: &mut Vec<f32>| matmul_tier(tier, &m3, 0..inter, &x, 1, u);
-                let (a, b) = if joined {
-                    rayon::join(|| r1(&mut g), || r3(&mut u))
-                } else {
-                    (r1(&mut g), r3(&mut u))
-                };
-                a.and(b).expect("the tier was checked");
-                for (a, b) in g.iter_mut().zip(&u) {
-                    *a = *a / (1.0 + (-*a).exp()) * b;
-                }
-                let mut y = vec![0f32; hidden];
-                matmul_tier(tier, &m2, 0..hidden, &g, 1, &mut y).expect("the tier was checked");
-                y
-            });
+            let y = pool.install(|| expert_token(shape, e, &x, joined));
             std::hint::black_box(&y);
         }
-        (one * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9
+        (one * ring.len()) as f64 / t0.elapsed().as_secs_f64() / 1e9
     };
     let (mut a, mut b) = (vec![], vec![]);
     for _ in 0..rounds {
@@ -190,7 +206,64 @@ fn expert(kind: Kind, inter: usize, hidden: usize, tier: Tier, rounds: usize) {
     );
 }
 
-const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]";
+/// One token through the ring of experts as a decode step meets them, from a thread outside
+/// the pool (as `MoeWeights::forward` runs): each expert in its own `install` (A) against
+/// `size` experts at a time in one `install`, spread over the pool (B); rounds alternate,
+/// each next to the streaming read. Prints GB/s of weights, their share of the stream, and
+/// the median of the per-round B/A ratios.
+fn wave(kind: Kind, inter: usize, hidden: usize, tier: Tier, size: usize, rounds: usize) {
+    let (ring, one) = expert_ring(kind, inter, hidden);
+    let x: Vec<f32> = (0..hidden).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+    let pool = match rayon::ThreadPoolBuilder::new().build() {
+        Ok(p) => p,
+        Err(e) => return println!("no thread pool: {e}"),
+    };
+    let threads = pool.current_num_threads();
+    let shape = (kind, inter, hidden, tier);
+    let run_all = |grouped: bool| -> f64 {
+        let t0 = Instant::now();
+        for group in ring.chunks(size.max(1)) {
+            if grouped {
+                let ys: Vec<Vec<f32>> = pool.install(|| {
+                    group
+                        .par_iter()
+                        .map(|e| expert_token(shape, e, &x, true))
+                        .collect()
+                });
+                std::hint::black_box(&ys);
+            } else {
+                for e in group {
+                    let y = pool.install(|| expert_token(shape, e, &x, true));
+                    std::hint::black_box(&y);
+                }
+            }
+        }
+        (one * ring.len()) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let (mut a, mut b, mut st) = (vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        match mem_read_gbs(2 << 30, threads, 1) {
+            Ok(v) => st.push(v),
+            Err(e) => return println!("the memory probe failed: {e}"),
+        }
+        a.push(run_all(false));
+        b.push(run_all(true));
+    }
+    let share = |v: &[f64]| median(v.iter().zip(&st).map(|(g, s)| g / s * 100.0).collect());
+    let ratio: Vec<f64> = b.iter().zip(&a).map(|(b, a)| b / a).collect();
+    println!(
+        "wave {inter}x{hidden} {} by {size}: one install each {:.1} GB/s ({:.0} % of the stream), one per wave {:.1} GB/s ({:.0} %), stream {:.1} GB/s, ratio {:.3} (medians of {rounds})",
+        tier.name(),
+        median(a.clone()),
+        share(&a),
+        median(b.clone()),
+        share(&b),
+        median(st),
+        median(ratio)
+    );
+}
+
+const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- wave fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets too; only `cargo bench` (which passes
@@ -246,10 +319,16 @@ fn main() {
     }
     match args[0].as_str() {
         "decode" => decode(kind, path, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
-        "expert" if path != Path::Exact => {
-            println!("expert runs the exact kernels: fp4, fp8 or bf16")
+        "expert" | "wave" if path != Path::Exact => {
+            println!("{} runs the exact kernels: fp4, fp8 or bf16", args[0])
         }
         "expert" => expert(kind, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
+        "wave" => {
+            let Some(size) = num(5, "EXPERTS") else {
+                return;
+            };
+            wave(kind, rows, cols, tier, size, num(6, "ROUNDS").unwrap_or(7))
+        }
         "prefill" => {
             let Some(n) = num(5, "TOKENS") else { return };
             prefill(
