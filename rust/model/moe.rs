@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::kernels::{self, ops, MatRef, Numerics};
 use crate::store::{ExpertStore, ExpertView};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Tokens of experts run side by side in one parallel call (`MoeWeights::experts_out`):
 /// enough for a decode step's experts; experts with more tokens run one at a time, so the
@@ -256,23 +257,14 @@ impl MoeWeights {
         views: &[(usize, ExpertView)],
     ) -> Vec<Vec<f32>> {
         let one = |(e, ex): &(usize, ExpertView)| expert_out(c, numerics, y, &users[*e], ex);
+        let tokens: Vec<usize> = views.iter().map(|(e, _)| users[*e].len()).collect();
         let mut outs = Vec::with_capacity(views.len());
-        let mut rest = views;
-        while !rest.is_empty() {
-            // the longest run from the start within the token budget, at least one expert
-            let mut take = 1;
-            let mut tokens = users[rest[0].0].len();
-            while take < rest.len() && tokens + users[rest[take].0].len() <= SIDE_BY_SIDE_TOKENS {
-                tokens += users[rest[take].0].len();
-                take += 1;
-            }
-            let (group, tail) = rest.split_at(take);
-            if take == 1 {
-                outs.push(one(&group[0]));
+        for g in side_by_side(&tokens, SIDE_BY_SIDE_TOKENS) {
+            if g.len() == 1 {
+                outs.push(one(&views[g.start]));
             } else {
-                outs.par_extend(group.par_iter().map(one));
+                outs.par_extend(views[g].par_iter().map(one));
             }
-            rest = tail;
         }
         outs
     }
@@ -284,6 +276,23 @@ impl MoeWeights {
         swiglu(&mut g, &u, c.swiglu_limit);
         self.sw2.forward_in(numerics, &g, n)
     }
+}
+
+/// `tokens` (experts' token counts, in order) cut into consecutive groups: each the longest
+/// run from its start whose tokens stay within `budget`, at least one expert.
+fn side_by_side(tokens: &[usize], budget: usize) -> Vec<Range<usize>> {
+    let mut groups = Vec::new();
+    let mut start = 0;
+    while start < tokens.len() {
+        let (mut end, mut sum) = (start + 1, tokens[start]);
+        while end < tokens.len() && sum + tokens[end] <= budget {
+            sum += tokens[end];
+            end += 1;
+        }
+        groups.push(start..end);
+        start = end;
+    }
+    groups
 }
 
 /// One expert's output [m, H] for its m users' rows of y [n, H] (`us`: token, weight):
@@ -344,6 +353,35 @@ fn accumulate(
                     *d = s * w;
                 }
                 started[t] = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::side_by_side;
+
+    #[test]
+    fn side_by_side_groups_cover_every_expert_in_order_within_the_budget() {
+        // a decode step: six one-token experts in one group
+        assert_eq!(side_by_side(&[1; 6], 16), vec![0..6]);
+        // runs close before the budget is passed; an expert over it alone
+        assert_eq!(
+            side_by_side(&[5, 6, 5, 1, 40, 3, 16], 16),
+            vec![0..3, 3..4, 4..5, 5..6, 6..7]
+        );
+        assert_eq!(side_by_side(&[], 16), Vec::<std::ops::Range<usize>>::new());
+        for tokens in [vec![1, 2, 3, 4, 5, 6, 7, 8, 9], vec![17, 1, 15, 2, 14]] {
+            let g = side_by_side(&tokens, 16);
+            let flat: Vec<usize> = g.iter().flat_map(|r| r.clone()).collect();
+            assert_eq!(flat, (0..tokens.len()).collect::<Vec<_>>(), "{tokens:?}");
+            for r in &g {
+                let sum: usize = tokens[r.clone()].iter().sum();
+                assert!(
+                    r.len() == 1 || sum <= 16,
+                    "{tokens:?}: {r:?} has {sum} tokens"
+                );
             }
         }
     }
