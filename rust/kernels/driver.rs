@@ -127,8 +127,9 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     );
     /// a · b (see `generic::dot`).
     fn dot(self, a: &[f32], b: &[f32]) -> f32;
-    /// One attention head: out = softmax-weighted sum of `keys` (see `generic::attend`).
-    fn attend(self, q: &[f32], keys: &[&[f32]], scale: f32, sink: f32, out: &mut [f32]);
+    /// Attention heads sharing their keys: each head's out = softmax-weighted sum of `keys`
+    /// (see `generic::attend`); q, out [h, d], sinks [h].
+    fn attend(self, q: &[f32], keys: &[&[f32]], scale: f32, sinks: &[f32], out: &mut [f32]);
     /// Benchmark support: a register-only multiply-add loop of `iters` rounds; returns (a
     /// value to keep it alive, f32 flops performed).
     fn fma_probe(self, iters: usize) -> (f32, u64);

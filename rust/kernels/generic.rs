@@ -382,7 +382,14 @@ macro_rules! simd_kernel {
                 unsafe { go(self, a, b) }
             }
 
-            fn attend(self, q: &[f32], keys: &[&[f32]], scale: f32, sink: f32, out: &mut [f32]) {
+            fn attend(
+                self,
+                q: &[f32],
+                keys: &[&[f32]],
+                scale: f32,
+                sinks: &[f32],
+                out: &mut [f32],
+            ) {
                 /// # Safety
                 /// The CPU must have the enabled features.
                 $(#[target_feature(enable = $feat)])?
@@ -390,13 +397,13 @@ macro_rules! simd_kernel {
                     s: $tier,
                     q: &[f32],
                     keys: &[&[f32]],
-                    (scale, sink): (f32, f32),
+                    (scale, sinks): (f32, &[f32]),
                     out: &mut [f32],
                 ) {
-                    $crate::kernels::generic::attend(s, q, keys, scale, sink, out)
+                    $crate::kernels::generic::attend(s, q, keys, scale, sinks, out)
                 }
                 // SAFETY: as in `dot_xt`.
-                unsafe { go(self, q, keys, (scale, sink), out) }
+                unsafe { go(self, q, keys, (scale, sinks), out) }
             }
 
             fn fma_probe(self, iters: usize) -> (f32, u64) {
@@ -1128,12 +1135,14 @@ pub(crate) fn gemm<S: Simd, const R: usize, const T: usize>(
     }
 }
 
-// ---- attention: one query head against its keys ----
+// ---- attention: query heads against their shared keys ----
 //
 // `dot` is one FMA chain over L-lane chunks in order, then the fixed-tree `hsum`, then the
 // tail columns added in order: the same value for a pair of vectors wherever it is computed.
-// `attend` takes the dots of the query with each key, a softmax over them and the sink, and
-// the probability-weighted sum of the keys, each output column summed over the keys in order.
+// `attend` takes, per head, the dots of its query with each key (that same chain), a softmax
+// over them and the sink, and the probability-weighted sum of the keys, each output column
+// summed over the keys in order. How heads and keys are grouped around those chains (four
+// heads sharing each key load, or one head alone) never changes a head's result.
 
 /// a · b over min(len) columns.
 #[inline(always)]
@@ -1182,17 +1191,170 @@ fn dot4<S: Simd>(s: S, q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     r
 }
 
-/// out [d] = Σ_j p_j · keys[j] with p = softmax([q · keys[j] · scale]_j ++ [sink]) (the sink
-/// only takes part in the normaliser). Every key holds at least d = q.len() = out.len() values.
+/// Attention of h heads of one query against the same keys (one KV head, as in V4):
+/// q [h, d], sinks [h], out [h, d]; each head's out = Σ_j p_j · keys[j] with
+/// p = softmax([q_h · keys[j] · scale]_j ++ [sink_h]) (the sink only takes part in the
+/// normaliser). Every key holds at least d values. Heads go four at a time (`attend4`:
+/// each key chunk loaded once for the four), the rest one by one (`attend_one`); a head's
+/// result is the same either way, bit for bit (section comment above).
 #[inline(always)]
 pub(crate) fn attend<S: Simd>(
     s: S,
     q: &[f32],
     keys: &[&[f32]],
     scale: f32,
-    sink: f32,
+    sinks: &[f32],
     out: &mut [f32],
 ) {
+    let h = sinks.len();
+    assert!(h > 0 && q.len() == out.len() && q.len().is_multiple_of(h));
+    let d = q.len() / h;
+    let mut hb = 0;
+    while hb + 4 <= h {
+        let qs = [0, 1, 2, 3].map(|i| &q[(hb + i) * d..(hb + i + 1) * d]);
+        let sk = [0, 1, 2, 3].map(|i| sinks[hb + i]);
+        attend4(s, qs, keys, scale, sk, &mut out[hb * d..(hb + 4) * d]);
+        hb += 4;
+    }
+    for i in hb..h {
+        let o = &mut out[i * d..(i + 1) * d];
+        attend_one(s, &q[i * d..(i + 1) * d], keys, scale, sinks[i], o);
+    }
+}
+
+/// Four heads of `attend` (q: their queries, [d] each; out [4, d]). The dots go two keys at
+/// a time for the four heads, the weighted sums two chunks at a time for the four heads; each
+/// (head, key) dot and each (head, chunk) sum is the same chain as in `attend_one`.
+#[inline(always)]
+fn attend4<S: Simd>(
+    s: S,
+    q: [&[f32]; 4],
+    keys: &[&[f32]],
+    scale: f32,
+    sinks: [f32; 4],
+    out: &mut [f32],
+) {
+    let (l, d, nk) = (S::LANES, q[0].len(), keys.len());
+    assert!(q.iter().all(|v| v.len() == d) && out.len() == 4 * d);
+    assert!(keys.iter().all(|k| k.len() >= d));
+    let full = d / l * l;
+    let qp = q.map(|v| v.as_ptr());
+    let zero = s.splat(0.0);
+    let mut p: [Vec<f32>; 4] = std::array::from_fn(|_| Vec::with_capacity(nk + 1));
+    let mut pairs = keys.chunks_exact(2);
+    for kk in &mut pairs {
+        let (kp0, kp1) = (kk[0].as_ptr(), kk[1].as_ptr());
+        let (mut a0, mut a1) = ([zero; 4], [zero; 4]);
+        let mut c = 0;
+        while c < full {
+            // SAFETY: c + L <= full <= d, and every query and key holds at least d values
+            // (asserted above).
+            unsafe {
+                let (k0, k1) = (s.load(kp0.add(c)), s.load(kp1.add(c)));
+                for h in 0..4 {
+                    let qv = s.load(qp[h].add(c));
+                    a0[h] = s.fma(qv, k0, a0[h]);
+                    a1[h] = s.fma(qv, k1, a1[h]);
+                }
+            }
+            c += l;
+        }
+        for h in 0..4 {
+            p[h].push(dot_finish(s, a0[h], q[h], kk[0], full) * scale);
+            p[h].push(dot_finish(s, a1[h], q[h], kk[1], full) * scale);
+        }
+    }
+    if let [k] = pairs.remainder() {
+        let kp = k.as_ptr();
+        let mut a = [zero; 4];
+        let mut c = 0;
+        while c < full {
+            // SAFETY: as above.
+            unsafe {
+                let kv = s.load(kp.add(c));
+                for h in 0..4 {
+                    a[h] = s.fma(s.load(qp[h].add(c)), kv, a[h]);
+                }
+            }
+            c += l;
+        }
+        for h in 0..4 {
+            p[h].push(dot_finish(s, a[h], q[h], k, full) * scale);
+        }
+    }
+    for h in 0..4 {
+        p[h].push(sinks[h]);
+        super::ops::softmax(&mut p[h]);
+    }
+    // p[h] holds nk + 1 values (the keys', then the sink's)
+    let pp = [0, 1, 2, 3].map(|h| p[h].as_ptr());
+    let op = out.as_mut_ptr();
+    let mut c = 0;
+    while c + 2 * l <= full {
+        let (mut a0, mut a1) = ([zero; 4], [zero; 4]);
+        for (j, k) in keys.iter().enumerate() {
+            let kp = k.as_ptr();
+            // SAFETY: c + 2L <= full <= d <= k.len() (asserted above); j < nk < p[h].len().
+            unsafe {
+                let (k0, k1) = (s.load(kp.add(c)), s.load(kp.add(c + l)));
+                for h in 0..4 {
+                    let pv = s.splat(*pp[h].add(j));
+                    a0[h] = s.fma(pv, k0, a0[h]);
+                    a1[h] = s.fma(pv, k1, a1[h]);
+                }
+            }
+        }
+        for h in 0..4 {
+            // SAFETY: out holds [4, d] (asserted) and c + 2L <= d.
+            unsafe {
+                s.store(op.add(h * d + c), a0[h]);
+                s.store(op.add(h * d + c + l), a1[h]);
+            }
+        }
+        c += 2 * l;
+    }
+    if c < full {
+        let mut a = [zero; 4];
+        for (j, k) in keys.iter().enumerate() {
+            let kp = k.as_ptr();
+            // SAFETY: as above, with c + L <= full.
+            unsafe {
+                let kv = s.load(kp.add(c));
+                for h in 0..4 {
+                    a[h] = s.fma(s.splat(*pp[h].add(j)), kv, a[h]);
+                }
+            }
+        }
+        for h in 0..4 {
+            // SAFETY: out holds [4, d] and c + L <= d.
+            unsafe { s.store(op.add(h * d + c), a[h]) };
+        }
+    }
+    for h in 0..4 {
+        for i in full..d {
+            let mut v = 0f32;
+            for (k, &pj) in keys.iter().zip(&p[h]) {
+                v += pj * k[i];
+            }
+            out[h * d + i] = v;
+        }
+    }
+}
+
+/// The dot of q and k from its chain over the first `full` columns: hsum, then the tail
+/// columns in order (as `dot`).
+#[inline(always)]
+fn dot_finish<S: Simd>(s: S, acc: S::V, q: &[f32], k: &[f32], full: usize) -> f32 {
+    let mut r = s.hsum(acc);
+    for i in full..q.len() {
+        r += q[i] * k[i];
+    }
+    r
+}
+
+/// One head of `attend`: out [d] for q [d] and its sink.
+#[inline(always)]
+fn attend_one<S: Simd>(s: S, q: &[f32], keys: &[&[f32]], scale: f32, sink: f32, out: &mut [f32]) {
     let d = q.len();
     assert!(out.len() == d && keys.iter().all(|k| k.len() >= d));
     let mut p = Vec::with_capacity(keys.len() + 1);

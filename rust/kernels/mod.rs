@@ -496,12 +496,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     with_kernel!(active_tier(), k => k.dot(a, b))
 }
 
-/// One attention head for one query on the active tier: out [d] = Σ_j p_j · keys[j], with
-/// p = softmax([q · keys[j] · scale]_j ++ [sink]) (the sink only enters the normaliser).
-/// Every key holds at least d = q.len() = out.len() values.
-pub fn attend(q: &[f32], keys: &[&[f32]], scale: f32, sink: f32, out: &mut [f32]) {
-    assert!(out.len() == q.len(), "attend: out must be [d]");
-    with_kernel!(active_tier(), k => k.attend(q, keys, scale, sink, out))
+/// Attention of h heads of one query that share their keys, on the active tier: q [h, d],
+/// sinks [h], out [h, d]; each head's out = Σ_j p_j · keys[j], with
+/// p = softmax([q_h · keys[j] · scale]_j ++ [sink_h]) (the sink only enters the normaliser).
+/// Every key holds at least d values. A head's result does not depend on h or on its place
+/// among the heads.
+pub fn attend(q: &[f32], keys: &[&[f32]], scale: f32, sinks: &[f32], out: &mut [f32]) {
+    check_attend(q, sinks, out);
+    with_kernel!(active_tier(), k => k.attend(q, keys, scale, sinks, out))
 }
 
 /// `attend` on a given tier (tests). Errors if the CPU lacks the tier.
@@ -510,14 +512,21 @@ pub fn attend_tier(
     q: &[f32],
     keys: &[&[f32]],
     scale: f32,
-    sink: f32,
+    sinks: &[f32],
     out: &mut [f32],
 ) -> Result<(), String> {
     if !tier.available() {
         return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
     }
-    assert!(out.len() == q.len(), "attend: out must be [d]");
-    with_kernel!(tier, k => { k.attend(q, keys, scale, sink, out); Ok(()) })
+    check_attend(q, sinks, out);
+    with_kernel!(tier, k => { k.attend(q, keys, scale, sinks, out); Ok(()) })
+}
+
+fn check_attend(q: &[f32], sinks: &[f32], out: &mut [f32]) {
+    assert!(
+        !sinks.is_empty() && q.len() == out.len() && q.len().is_multiple_of(sinks.len()),
+        "attend: q and out must be [h, d] for h = sinks.len()"
+    );
 }
 
 /// Benchmark support: runs a register-only multiply-add loop on `tier` and returns

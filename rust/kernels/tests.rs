@@ -637,7 +637,7 @@ fn kernels_attend_matches_f64_reference() {
                 let kr: Vec<&[f32]> = keys.iter().map(|k| &k[..]).collect();
                 let (scale, sink) = (0.7f32, 0.3f32);
                 let mut out = vec![f32::NAN; d];
-                attend_tier(tier, &q, &kr, scale, sink, &mut out).unwrap();
+                attend_tier(tier, &q, &kr, scale, &[sink], &mut out).unwrap();
                 // f64 reference
                 let mut lg: Vec<f64> = kr
                     .iter()
@@ -665,6 +665,42 @@ fn kernels_attend_matches_f64_reference() {
     }
 }
 
+/// Heads attended together (four at a time, the rest alone) give every head, bit for bit,
+/// what it gets alone, on every tier: odd widths, key counts and head counts included.
+#[test]
+fn kernels_attend_heads_together_equal_each_head_alone() {
+    let mut rng = Rng(0x4ead5);
+    for tier in Tier::ALL.into_iter().filter(|t| t.available()) {
+        for &d in &[1usize, 8, 16, 50, 64, 512] {
+            for &nk in &[1usize, 2, 3, 5, 130] {
+                for &h in &[1usize, 3, 4, 6, 8, 9] {
+                    let q: Vec<f32> = (0..h * d).map(|_| rng.f32()).collect();
+                    let keys: Vec<Vec<f32>> = (0..nk)
+                        .map(|_| (0..d + 3).map(|_| rng.f32() * 2.0).collect())
+                        .collect();
+                    let kr: Vec<&[f32]> = keys.iter().map(|k| &k[..]).collect();
+                    let sinks: Vec<f32> = (0..h).map(|_| rng.f32()).collect();
+                    let mut all = vec![f32::NAN; h * d];
+                    attend_tier(tier, &q, &kr, 0.3, &sinks, &mut all).unwrap();
+                    for i in 0..h {
+                        let mut one = vec![f32::NAN; d];
+                        let qi = &q[i * d..(i + 1) * d];
+                        attend_tier(tier, qi, &kr, 0.3, &sinks[i..i + 1], &mut one).unwrap();
+                        let got = &all[i * d..(i + 1) * d];
+                        assert!(
+                            got.iter()
+                                .zip(&one)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{} d={d} keys={nk} heads={h}: head {i} differs",
+                            tier.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// One key whose probability is 1 comes back exactly (whatever its place in a group of
 /// four), and reordering the keys changes the result at rounding level only.
 #[test]
@@ -681,16 +717,16 @@ fn kernels_attend_single_key_is_exact_and_key_order_only_rounds() {
         for j in 0..kr.len() {
             let mut out = vec![0f32; d];
             let one = [kr[j]];
-            attend_tier(tier, &q, &one, 1.0, f32::NEG_INFINITY, &mut out).unwrap();
+            attend_tier(tier, &q, &one, 1.0, &[f32::NEG_INFINITY], &mut out).unwrap();
             assert_eq!(out, keys[j], "{} key {j} alone", tier.name());
         }
         // the same keys in another order: the same dots feed the same softmax terms
         let mut a = vec![0f32; d];
         let mut b = vec![0f32; d];
-        attend_tier(tier, &q, &kr, 0.1, 0.0, &mut a).unwrap();
+        attend_tier(tier, &q, &kr, 0.1, &[0.0], &mut a).unwrap();
         let mut kr2 = kr.clone();
         kr2.rotate_left(1);
-        attend_tier(tier, &q, &kr2, 0.1, 0.0, &mut b).unwrap();
+        attend_tier(tier, &q, &kr2, 0.1, &[0.0], &mut b).unwrap();
         for i in 0..d {
             assert!(
                 (a[i] - b[i]).abs() <= 1e-6 * (1.0 + a[i].abs()),

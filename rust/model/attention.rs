@@ -10,6 +10,10 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::kernels::{self, hadamard, ops, quant, Numerics};
 use rayon::prelude::*;
 
+/// Heads of one token per attention task: they share the token's keys, read once per task
+/// for all of them; 8 of V4's 64 heads leave 8 tasks per token for the pool.
+const ATTEND_HEADS: usize = 8;
+
 pub struct IndexerWeights {
     pub comp: CompressorWeights,
     /// [IH·ID, q_lora] FP8
@@ -134,34 +138,43 @@ impl AttnWeights {
         let n_entries = entries.len() / d;
         let ratio = self.kind.ratio();
 
-        // attention per (token, head)
+        // attention per (token, group of heads): a token's heads share its keys, so each
+        // group reads every key once for all its heads (`kernels::attend`)
         let scale = (d as f32).powf(-0.5);
         let w = c.sliding_window;
+        let hg = ATTEND_HEADS.min(nh);
         let mut o = vec![0f32; n * nh * d];
-        o.par_chunks_mut(d).enumerate().for_each(|(i, out)| {
-            let (t, h) = (i / nh, i % nh);
-            let pos = pos0 + t;
-            let qh = &q[i * d..(i + 1) * d];
-            let lo = (pos + 1).saturating_sub(w).max(first_pos) - first_pos;
-            let hi = pos - first_pos; // inclusive
-            let mut ks: Vec<&[f32]> = (lo..=hi).map(|j| &keys[j * d..(j + 1) * d]).collect();
-            if let Some(q) = (pos + 1).checked_div(ratio) {
-                let vis = q.min(n_entries);
-                match &sel {
-                    Some(sel) => {
-                        for &e in &sel[t] {
-                            ks.push(&entries[e * d..(e + 1) * d]);
+        o.par_chunks_mut(nh * d)
+            .enumerate()
+            .flat_map(|(t, ot)| {
+                ot.par_chunks_mut(hg * d)
+                    .enumerate()
+                    .map(move |(g, og)| (t, g * hg, og))
+            })
+            .for_each(|(t, h0, out)| {
+                let pos = pos0 + t;
+                let heads = out.len() / d;
+                let qh = &q[(t * nh + h0) * d..(t * nh + h0 + heads) * d];
+                let lo = (pos + 1).saturating_sub(w).max(first_pos) - first_pos;
+                let hi = pos - first_pos; // inclusive
+                let mut ks: Vec<&[f32]> = (lo..=hi).map(|j| &keys[j * d..(j + 1) * d]).collect();
+                if let Some(q) = (pos + 1).checked_div(ratio) {
+                    let vis = q.min(n_entries);
+                    match &sel {
+                        Some(sel) => {
+                            for &e in &sel[t] {
+                                ks.push(&entries[e * d..(e + 1) * d]);
+                            }
                         }
-                    }
-                    None => {
-                        for e in 0..vis {
-                            ks.push(&entries[e * d..(e + 1) * d]);
+                        None => {
+                            for e in 0..vis {
+                                ks.push(&entries[e * d..(e + 1) * d]);
+                            }
                         }
                     }
                 }
-            }
-            kernels::attend(qh, &ks, scale, self.sinks[h], out);
-        });
+                kernels::attend(qh, &ks, scale, &self.sinks[h0..h0 + heads], out);
+            });
         for (t, ot) in o.chunks_exact_mut(nh * d).enumerate() {
             rope.apply(ot, d, pos0 + t, -1.0);
         }
