@@ -7,6 +7,7 @@
 //! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]
 //! cargo bench --bench kernels_ab -- expert  fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]
 //! cargo bench --bench kernels_ab -- wave    fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]
+//! cargo bench --bench kernels_ab -- attend  KEYS DIM TIER HEADS [ROUNDS]
 //! ```
 //!
 //! `fp4-fast`: the FP4 product of fast numerics without bf16 products (int8 activations,
@@ -24,12 +25,16 @@
 //!   peak.
 //! - `expert`: one token through a ring of experts, w1 and w3 one after the other against
 //!   side by side (`expert` below).
+//! - `attend`: HEADS heads of one query against KEYS shared keys of DIM columns, one head per
+//!   call against all in one call (`attend` below), on one thread.
 //! - `wave`: one token through the same ring, each expert in its own `install` against
 //!   EXPERTS experts at a time in one (`wave` below), next to the streaming read.
 
 mod common;
 
-use _core::kernels::{fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier};
+use _core::kernels::{
+    attend_tier, fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier,
+};
 use _core::probe::mem_read_gbs;
 use common::{make, mat, ring, Kind, Owned};
 use rayon::prelude::*;
@@ -263,7 +268,52 @@ fn wave(kind: Kind, inter: usize, hidden: usize, tier: Tier, size: usize, rounds
     );
 }
 
-const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- wave fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]";
+/// HEADS heads of one query against KEYS shared keys of DIM columns on one thread: one call
+/// per head (A) against one call for all the heads (B), rounds alternating. Prints GFLOP/s
+/// (the dots and the weighted sums) for both and the median of the per-round B/A ratios.
+fn attend(nk: usize, d: usize, tier: Tier, heads: usize, rounds: usize) {
+    let val = |i: usize| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5;
+    let keys: Vec<Vec<f32>> = (0..nk)
+        .map(|j| (0..d).map(|i| val(j * d + i)).collect())
+        .collect();
+    let kr: Vec<&[f32]> = keys.iter().map(|k| &k[..]).collect();
+    let q: Vec<f32> = (0..heads * d).map(|i| val(i + 17) * 0.1).collect();
+    let sinks = vec![0.1f32; heads];
+    let mut out = vec![0f32; heads * d];
+    let flops = (4 * nk * d * heads) as f64;
+    let reps = ((2e9 / flops) as usize).max(1);
+    let run = |together: bool, out: &mut [f32]| -> f64 {
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            if together {
+                attend_tier(tier, &q, &kr, 0.04, &sinks, out).expect("the tier was checked");
+            } else {
+                for h in 0..heads {
+                    let (qh, oh) = (&q[h * d..(h + 1) * d], &mut out[h * d..(h + 1) * d]);
+                    attend_tier(tier, qh, &kr, 0.04, &sinks[h..h + 1], oh)
+                        .expect("the tier was checked");
+                }
+            }
+        }
+        std::hint::black_box(&out);
+        flops * reps as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let (mut a, mut b) = (vec![], vec![]);
+    for _ in 0..rounds {
+        a.push(run(false, &mut out));
+        b.push(run(true, &mut out));
+    }
+    let ratio: Vec<f64> = b.iter().zip(&a).map(|(b, a)| b / a).collect();
+    println!(
+        "attend {nk} keys x {d} {} {heads} heads: one call per head {:.1} GFLOP/s, one for all {:.1} GFLOP/s, ratio {:.3} (medians of {rounds})",
+        tier.name(),
+        median(a),
+        median(b),
+        median(ratio)
+    );
+}
+
+const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- wave fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]\n       cargo bench --bench kernels_ab -- attend KEYS DIM TIER HEADS [ROUNDS]";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets too; only `cargo bench` (which passes
@@ -283,6 +333,16 @@ fn main() {
         }
         v
     };
+    if args[0] == "attend" {
+        let (Some(nk), Some(d), Some(heads)) = (num(1, "KEYS"), num(2, "DIM"), num(4, "HEADS"))
+        else {
+            return;
+        };
+        let Some(tier) = Tier::from_name(&args[3]).filter(|t| t.available()) else {
+            return println!("{} is not a kernel tier this CPU runs", args[3]);
+        };
+        return attend(nk, d, tier, heads.max(1), num(5, "ROUNDS").unwrap_or(5));
+    }
     let (kind, path) = match args[1].as_str() {
         "fp8" => (Kind::Fp8, Path::Exact),
         "fp4" => (Kind::Fp4, Path::Exact),
