@@ -1156,47 +1156,15 @@ pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
         acc = s.fma(ld(s, a, c), ld(s, b, c), acc);
         c += S::LANES;
     }
-    let mut r = s.hsum(acc);
-    for i in full..d {
-        r += a[i] * b[i];
-    }
-    r
-}
-
-/// Four keys against one query at once (they share each query load); every key's value is
-/// its `dot`.
-#[inline(always)]
-fn dot4<S: Simd>(s: S, q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-    let d = q.len();
-    let full = d / S::LANES * S::LANES;
-    for kk in &k {
-        assert!(kk.len() >= d);
-    }
-    let mut acc = [s.splat(0.0); 4];
-    let mut c = 0;
-    while c < full {
-        let qv = ld(s, q, c);
-        for j in 0..4 {
-            acc[j] = s.fma(qv, ld(s, k[j], c), acc[j]);
-        }
-        c += S::LANES;
-    }
-    let mut r = [0f32; 4];
-    for j in 0..4 {
-        r[j] = s.hsum(acc[j]);
-        for i in full..d {
-            r[j] += q[i] * k[j][i];
-        }
-    }
-    r
+    dot_finish(s, acc, a, b, full)
 }
 
 /// Attention of h heads of one query against the same keys (one KV head, as in V4):
 /// q [h, d], sinks [h], out [h, d]; each head's out = Σ_j p_j · keys[j] with
 /// p = softmax([q_h · keys[j] · scale]_j ++ [sink_h]) (the sink only takes part in the
-/// normaliser). Every key holds at least d values. Heads go four at a time (`attend4`:
-/// each key chunk loaded once for the four), the rest one by one (`attend_one`); a head's
-/// result is the same either way, bit for bit (section comment above).
+/// normaliser). Every key holds at least d values. Heads go four at a time (each key chunk
+/// loaded once for the four), the rest one by one (`attend_heads` with H = 4, then 1); a
+/// head's result is the same either way, bit for bit (section comment above).
 #[inline(always)]
 pub(crate) fn attend<S: Simd>(
     s: S,
@@ -1213,45 +1181,46 @@ pub(crate) fn attend<S: Simd>(
     while hb + 4 <= h {
         let qs = [0, 1, 2, 3].map(|i| &q[(hb + i) * d..(hb + i + 1) * d]);
         let sk = [0, 1, 2, 3].map(|i| sinks[hb + i]);
-        attend4(s, qs, keys, scale, sk, &mut out[hb * d..(hb + 4) * d]);
+        attend_heads::<S, 4>(s, qs, keys, scale, sk, &mut out[hb * d..(hb + 4) * d]);
         hb += 4;
     }
     for i in hb..h {
         let o = &mut out[i * d..(i + 1) * d];
-        attend_one(s, &q[i * d..(i + 1) * d], keys, scale, sinks[i], o);
+        attend_heads::<S, 1>(s, [&q[i * d..(i + 1) * d]], keys, scale, [sinks[i]], o);
     }
 }
 
-/// Four heads of `attend` (q: their queries, [d] each; out [4, d]). The dots go two keys at
-/// a time for the four heads, the weighted sums two chunks at a time for the four heads; each
-/// (head, key) dot and each (head, chunk) sum is the same chain as in `attend_one`.
+/// H heads of `attend` (q: their queries, [d] each; out [H, d]). The dots go two keys at a
+/// time for the H heads, the weighted sums two chunks at a time for the H heads; each
+/// (head, key) dot is `dot`'s chain and each (head, chunk) sum runs over the keys in order,
+/// whatever H.
 #[inline(always)]
-fn attend4<S: Simd>(
+fn attend_heads<S: Simd, const H: usize>(
     s: S,
-    q: [&[f32]; 4],
+    q: [&[f32]; H],
     keys: &[&[f32]],
     scale: f32,
-    sinks: [f32; 4],
+    sinks: [f32; H],
     out: &mut [f32],
 ) {
     let (l, d, nk) = (S::LANES, q[0].len(), keys.len());
-    assert!(q.iter().all(|v| v.len() == d) && out.len() == 4 * d);
+    assert!(q.iter().all(|v| v.len() == d) && out.len() == H * d);
     assert!(keys.iter().all(|k| k.len() >= d));
     let full = d / l * l;
     let qp = q.map(|v| v.as_ptr());
     let zero = s.splat(0.0);
-    let mut p: [Vec<f32>; 4] = std::array::from_fn(|_| Vec::with_capacity(nk + 1));
+    let mut p: [Vec<f32>; H] = std::array::from_fn(|_| Vec::with_capacity(nk + 1));
     let mut pairs = keys.chunks_exact(2);
     for kk in &mut pairs {
         let (kp0, kp1) = (kk[0].as_ptr(), kk[1].as_ptr());
-        let (mut a0, mut a1) = ([zero; 4], [zero; 4]);
+        let (mut a0, mut a1) = ([zero; H], [zero; H]);
         let mut c = 0;
         while c < full {
             // SAFETY: c + L <= full <= d, and every query and key holds at least d values
             // (asserted above).
             unsafe {
                 let (k0, k1) = (s.load(kp0.add(c)), s.load(kp1.add(c)));
-                for h in 0..4 {
+                for h in 0..H {
                     let qv = s.load(qp[h].add(c));
                     a0[h] = s.fma(qv, k0, a0[h]);
                     a1[h] = s.fma(qv, k1, a1[h]);
@@ -1259,53 +1228,53 @@ fn attend4<S: Simd>(
             }
             c += l;
         }
-        for h in 0..4 {
+        for h in 0..H {
             p[h].push(dot_finish(s, a0[h], q[h], kk[0], full) * scale);
             p[h].push(dot_finish(s, a1[h], q[h], kk[1], full) * scale);
         }
     }
     if let [k] = pairs.remainder() {
         let kp = k.as_ptr();
-        let mut a = [zero; 4];
+        let mut a = [zero; H];
         let mut c = 0;
         while c < full {
             // SAFETY: as above.
             unsafe {
                 let kv = s.load(kp.add(c));
-                for h in 0..4 {
+                for h in 0..H {
                     a[h] = s.fma(s.load(qp[h].add(c)), kv, a[h]);
                 }
             }
             c += l;
         }
-        for h in 0..4 {
+        for h in 0..H {
             p[h].push(dot_finish(s, a[h], q[h], k, full) * scale);
         }
     }
-    for h in 0..4 {
+    for h in 0..H {
         p[h].push(sinks[h]);
         super::ops::softmax(&mut p[h]);
     }
     // p[h] holds nk + 1 values (the keys', then the sink's)
-    let pp = [0, 1, 2, 3].map(|h| p[h].as_ptr());
+    let pp: [*const f32; H] = std::array::from_fn(|h| p[h].as_ptr());
     let op = out.as_mut_ptr();
     let mut c = 0;
     while c + 2 * l <= full {
-        let (mut a0, mut a1) = ([zero; 4], [zero; 4]);
+        let (mut a0, mut a1) = ([zero; H], [zero; H]);
         for (j, k) in keys.iter().enumerate() {
             let kp = k.as_ptr();
             // SAFETY: c + 2L <= full <= d <= k.len() (asserted above); j < nk < p[h].len().
             unsafe {
                 let (k0, k1) = (s.load(kp.add(c)), s.load(kp.add(c + l)));
-                for h in 0..4 {
+                for h in 0..H {
                     let pv = s.splat(*pp[h].add(j));
                     a0[h] = s.fma(pv, k0, a0[h]);
                     a1[h] = s.fma(pv, k1, a1[h]);
                 }
             }
         }
-        for h in 0..4 {
-            // SAFETY: out holds [4, d] (asserted) and c + 2L <= d.
+        for h in 0..H {
+            // SAFETY: out holds [H, d] (asserted) and c + 2L <= d.
             unsafe {
                 s.store(op.add(h * d + c), a0[h]);
                 s.store(op.add(h * d + c + l), a1[h]);
@@ -1314,23 +1283,23 @@ fn attend4<S: Simd>(
         c += 2 * l;
     }
     if c < full {
-        let mut a = [zero; 4];
+        let mut a = [zero; H];
         for (j, k) in keys.iter().enumerate() {
             let kp = k.as_ptr();
             // SAFETY: as above, with c + L <= full.
             unsafe {
                 let kv = s.load(kp.add(c));
-                for h in 0..4 {
+                for h in 0..H {
                     a[h] = s.fma(s.splat(*pp[h].add(j)), kv, a[h]);
                 }
             }
         }
-        for h in 0..4 {
-            // SAFETY: out holds [4, d] and c + L <= d.
+        for h in 0..H {
+            // SAFETY: out holds [H, d] and c + L <= d.
             unsafe { s.store(op.add(h * d + c), a[h]) };
         }
     }
-    for h in 0..4 {
+    for h in 0..H {
         for i in full..d {
             let mut v = 0f32;
             for (k, &pj) in keys.iter().zip(&p[h]) {
@@ -1350,55 +1319,6 @@ fn dot_finish<S: Simd>(s: S, acc: S::V, q: &[f32], k: &[f32], full: usize) -> f3
         r += q[i] * k[i];
     }
     r
-}
-
-/// One head of `attend`: out [d] for q [d] and its sink.
-#[inline(always)]
-fn attend_one<S: Simd>(s: S, q: &[f32], keys: &[&[f32]], scale: f32, sink: f32, out: &mut [f32]) {
-    let d = q.len();
-    assert!(out.len() == d && keys.iter().all(|k| k.len() >= d));
-    let mut p = Vec::with_capacity(keys.len() + 1);
-    let mut groups = keys.chunks_exact(4);
-    for g in &mut groups {
-        p.extend(dot4(s, q, [g[0], g[1], g[2], g[3]]).map(|v| v * scale));
-    }
-    for k in groups.remainder() {
-        p.push(dot(s, q, k) * scale);
-    }
-    p.push(sink);
-    super::ops::softmax(&mut p);
-    // four output chunks at a time, every key in order into each
-    let l = S::LANES;
-    let full = d / l * l;
-    let mut c = 0;
-    while c + 4 * l <= full {
-        let mut acc = [s.splat(0.0); 4];
-        for (k, &pj) in keys.iter().zip(&p) {
-            let pv = s.splat(pj);
-            for i in 0..4 {
-                acc[i] = s.fma(pv, ld(s, k, c + i * l), acc[i]);
-            }
-        }
-        for i in 0..4 {
-            st(s, out, c + i * l, acc[i]);
-        }
-        c += 4 * l;
-    }
-    while c < full {
-        let mut acc = s.splat(0.0);
-        for (k, &pj) in keys.iter().zip(&p) {
-            acc = s.fma(s.splat(pj), ld(s, k, c), acc);
-        }
-        st(s, out, c, acc);
-        c += l;
-    }
-    for i in full..d {
-        let mut v = 0f32;
-        for (k, &pj) in keys.iter().zip(&p) {
-            v += pj * k[i];
-        }
-        out[i] = v;
-    }
 }
 
 /// Register-only FMA loop for the benchmark's peak: C independent chains.
