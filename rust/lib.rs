@@ -12,6 +12,7 @@ pub mod plan;
 pub mod probe;
 #[cfg(feature = "python")]
 mod python;
+pub mod scratch;
 pub mod store;
 
 pub use error::{Error, Result};

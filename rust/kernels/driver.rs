@@ -36,6 +36,7 @@ use super::generic;
 use super::quant::quantize;
 use super::{MatRef, Weights};
 use crate::dtype::e8m0_to_f32;
+use crate::scratch::{self, Buf};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -135,46 +136,6 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     fn fma_probe(self, iters: usize) -> (f32, u64);
 }
 
-/// A zeroed f32 buffer whose start is 64-byte aligned, so that the kernels' vector loads
-/// of x, decoded weights and accumulators (rows padded to whole vectors) never straddle a
-/// cache line: a split load costs two, and `Vec<f32>` promises only 4-byte alignment
-/// (measured: the AVX-512 prefill tile at 62 % of the FMA peak on the allocator's 16-byte
-/// alignment, 71 % aligned).
-pub(crate) struct Aligned {
-    lines: Vec<Line>,
-    len: usize,
-}
-
-/// One cache line of f32.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
-
-impl Aligned {
-    pub(crate) fn zeros(len: usize) -> Aligned {
-        Aligned {
-            lines: vec![Line([0.0; 16]); len.div_ceil(16)],
-            len,
-        }
-    }
-}
-
-impl std::ops::Deref for Aligned {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        // SAFETY: `Line` is repr(C) of [f32; 16] and 64 bytes (no padding), so the lines are
-        // contiguous initialised f32, at least `len` of them.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.len) }
-    }
-}
-
-impl std::ops::DerefMut for Aligned {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        // SAFETY: as in `deref`, and the borrow of `self` is exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast(), self.len) }
-    }
-}
-
 /// Rows decoded together in the prefill path.
 pub(super) const GROUP: usize = 16;
 
@@ -220,9 +181,9 @@ pub(super) fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
 /// x prepared for the kernels: [n, cp], zero padded. FP4: each group of `K::FP4_GROUP`
 /// columns stored in the tier's column order (`K::fp4_col`), matching its decoded chunks.
 /// Otherwise a copy.
-fn prep_x<K: Kernel>(m: &MatRef, x: &[f32], n: usize, cp: usize) -> Aligned {
+fn prep_x<K: Kernel>(m: &MatRef, x: &[f32], n: usize, cp: usize) -> Buf {
     let cols = m.cols;
-    let mut xp = Aligned::zeros(n * cp);
+    let mut xp = scratch::zeroed(n * cp);
     let gs = K::FP4_GROUP;
     for (xs, d) in x.chunks_exact(cols).zip(xp.chunks_exact_mut(cp)) {
         match m.w {
@@ -249,15 +210,8 @@ const FP8_BITS_X: f32 = (1u128 << 112) as f32;
 /// (with `bits` it may not be: a block scale of 2^16 or more, a huge x; then the caller
 /// scales without it). Both factors are powers of two, so where the result is finite and
 /// normal each product with a weight is the one the path without `bits` forms.
-fn scale_x(
-    xp: &[f32],
-    n: usize,
-    cp: usize,
-    cols: usize,
-    scale: &[u8],
-    bits: bool,
-) -> (Aligned, bool) {
-    let mut xs = Aligned::zeros(n * cp);
+fn scale_x(xp: &[f32], n: usize, cp: usize, cols: usize, scale: &[u8], bits: bool) -> (Buf, bool) {
+    let mut xs = scratch::zeroed(n * cp);
     let extra = if bits { FP8_BITS_X } else { 1.0 };
     let mut finite = true;
     for (src, dst) in xp.chunks_exact(cp).zip(xs.chunks_exact_mut(cp)) {
@@ -327,7 +281,7 @@ pub(crate) fn matmul<K: Kernel>(
         // weights, as a [n, cols] copy of x per task would cost more than it saves)
         let fp4 = matches!(m.w, Weights::Fp4 { .. });
         if fp4 && n <= FUSED_MAX && n >= K::FP4_PANELS_FROM.max(4) {
-            let mut accs = Aligned::zeros(tr.len() * n * K::LANES);
+            let mut accs = scratch::zeroed(tr.len() * n * K::LANES);
             k.fp4_panels(&view(m, tr.clone()), (&xp, cp, n), (o, n), &mut accs);
         } else if n <= FUSED_MAX {
             let mut v = view(m, tr.clone());
@@ -370,10 +324,10 @@ pub(crate) fn matmul<K: Kernel>(
             // decoding than they gain; 128 and 256 tie; 512 loses.
             let nb = n.min(TOKEN_BLOCK);
             let ps = generic::panel_stride(m.cols.div_ceil(K::LANES), K::LANES, K::GEMM_PANEL);
-            let mut pbuf = Aligned::zeros(GROUP * ps);
+            let mut pbuf = scratch::zeroed(GROUP * ps);
             // the micro-kernel's accumulators, once per task (not once per row group)
-            let mut accs = Aligned::zeros(GROUP * nb * K::LANES);
-            let mut ob = vec![0f32; if nb < n { GROUP * nb } else { 0 }];
+            let mut accs = scratch::zeroed(GROUP * nb * K::LANES);
+            let mut ob = scratch::zeroed(if nb < n { GROUP * nb } else { 0 });
             let mut t0 = 0;
             while t0 < n {
                 let nt = nb.min(n - t0);
@@ -437,7 +391,7 @@ pub(super) fn run_tasks(
     }
     let dst = SharedOut(y.as_mut_ptr());
     tasks.into_par_iter().for_each(|tr| {
-        let mut o = vec![0f32; tr.len() * n];
+        let mut o = scratch::zeroed(tr.len() * n);
         f(&tr, &mut o);
         let c0 = tr.start - row0;
         for t in 0..n {

@@ -8,6 +8,7 @@ use super::rope::Rope;
 use super::weights::Linear;
 use crate::config::{LayerKind, ModelConfig};
 use crate::kernels::{self, hadamard, ops, quant, Numerics};
+use crate::scratch::{self, Buf};
 use rayon::prelude::*;
 
 /// Heads of one token per attention task: they share the token's keys, read once per task
@@ -69,14 +70,7 @@ pub struct Ctx<'a> {
 impl AttnWeights {
     /// x: [n, H] normed input of n consecutive tokens starting at absolute position `pos0`.
     /// Returns [n, H] and advances `st`.
-    pub fn forward(
-        &self,
-        cx: &Ctx,
-        st: &mut AttnState,
-        x: &[f32],
-        n: usize,
-        pos0: usize,
-    ) -> Vec<f32> {
+    pub fn forward(&self, cx: &Ctx, st: &mut AttnState, x: &[f32], n: usize, pos0: usize) -> Buf {
         let c = cx.cfg;
         let (nh, d) = (c.num_heads, c.head_dim);
         let eps = c.rms_norm_eps;
@@ -143,7 +137,7 @@ impl AttnWeights {
         let scale = (d as f32).powf(-0.5);
         let w = c.sliding_window;
         let hg = ATTEND_HEADS.min(nh);
-        let mut o = vec![0f32; n * nh * d];
+        let mut o = scratch::zeroed(n * nh * d);
         o.par_chunks_mut(nh * d)
             .enumerate()
             .flat_map(|(t, ot)| {
@@ -182,8 +176,8 @@ impl AttnWeights {
         // grouped output projection: group g = heads g·NH/G.. → rows g·R.. of wo_a
         let (g, r) = (c.o_groups, c.o_lora_rank);
         let gw = nh * d / g;
-        let mut z = vec![0f32; n * g * r];
-        let mut xg = vec![0f32; n * gw];
+        let mut z = scratch::zeroed(n * g * r);
+        let mut xg = scratch::zeroed(n * gw);
         for gi in 0..g {
             for t in 0..n {
                 xg[t * gw..(t + 1) * gw]

@@ -18,6 +18,7 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{ops, Numerics};
 use crate::plan::Plan;
+use crate::scratch::{self, Buf};
 use crate::store::io::IoMode;
 use crate::store::policy::Policy;
 use crate::store::{ExpertStore, StoreOptions};
@@ -285,7 +286,12 @@ impl Model {
         }
         let snap = st.snapshot();
         let t0 = Instant::now();
+        // the pass's working buffers are reused from layer to layer and chunk to chunk, up
+        // to the plan's scratch and span bytes, and let go when it ends (`scratch`)
+        let limit = self.plan.scratch_bytes.saturating_add(self.plan.span_bytes);
+        let scope = scratch::global().scope(usize::try_from(limit).unwrap_or(usize::MAX));
         let r = self.forward_chunks(st, ids, want, cancel, report);
+        drop(scope);
         if r.is_err() {
             st.rollback(&snap)?;
         } else {
@@ -399,7 +405,7 @@ impl Model {
             hs[i * h..(i + 1) * h].copy_from_slice(&v);
         }
         let t0 = Instant::now();
-        let logits = self.pool.install(|| self.head.forward(&hs, rows.len()));
+        let logits = self.pool.install(|| self.head.forward_vec(&hs, rows.len()));
         self.counters
             .head_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -442,11 +448,11 @@ impl Model {
         let chunk = self.plan.prefill_chunk.max(1);
         let stream = hcm * h;
         let mut ffn_mixes = Vec::with_capacity(n);
-        let mut ffn_in = vec![0f32; n * h]; // [n, H]
-                                            // Look-ahead: a learned-routing layer's experts are known only after its attention.
-                                            // Guess them from the layer's input (the FFN's mix, norm and router applied to the
-                                            // pre-attention streams) and start reading them, so the reads overlap the attention.
-                                            // A guess only warms the expert cache; no result depends on it.
+        let mut ffn_in = scratch::zeroed(n * h); // [n, H]
+                                                 // Look-ahead: a learned-routing layer's experts are known only after its attention.
+                                                 // Guess them from the layer's input (the FFN's mix, norm and router applied to the
+                                                 // pre-attention streams) and start reading them, so the reads overlap the attention.
+                                                 // A guess only warms the expert cache; no result depends on it.
         let guess = if self.lookahead {
             pool.install(|| {
                 let (_, y) = self.hc_in(&layer.hc_ffn, &layer.ffn_norm, x, n);
@@ -526,13 +532,7 @@ impl Model {
 
     /// One hyper-connection's input side for n tokens: the mixes of x [n, hc, H] and the
     /// collapsed, RMS-normed block input [n, H].
-    fn hc_in(
-        &self,
-        hcw: &HyperConn,
-        norm: &[f32],
-        x: &[f32],
-        n: usize,
-    ) -> (Vec<hc::HcMix>, Vec<f32>) {
+    fn hc_in(&self, hcw: &HyperConn, norm: &[f32], x: &[f32], n: usize) -> (Vec<hc::HcMix>, Buf) {
         let c = &self.cfg;
         let (h, hcm) = (c.hidden_size, c.hc_mult);
         let mixes: Vec<hc::HcMix> = (0..n)
@@ -546,7 +546,7 @@ impl Model {
                 )
             })
             .collect();
-        let mut xin = vec![0f32; n * h];
+        let mut xin = scratch::zeroed(n * h);
         for (t, m) in mixes.iter().enumerate() {
             let dst = &mut xin[t * h..(t + 1) * h];
             dst.copy_from_slice(&m.collapsed);

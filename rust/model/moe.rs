@@ -9,6 +9,7 @@ use super::weights::Linear;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::kernels::{self, ops, MatRef, Numerics};
+use crate::scratch::{self, Buf};
 use crate::store::{ExpertStore, ExpertView};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -46,8 +47,8 @@ fn swiglu(g: &mut [f32], u: &[f32], limit: f32) {
     }
 }
 
-fn mm(m: &MatRef, x: &[f32], n: usize, numerics: Numerics) -> Vec<f32> {
-    let mut y = vec![0f32; n * m.rows];
+fn mm(m: &MatRef, x: &[f32], n: usize, numerics: Numerics) -> Buf {
+    let mut y = scratch::zeroed(n * m.rows);
     kernels::matmul_in(numerics, m, 0..m.rows, x, n, &mut y);
     y
 }
@@ -151,7 +152,7 @@ impl MoeWeights {
         numerics: Numerics,
         (y, ids, n): (&[f32], &[u32], usize),
         next: Option<(usize, &[usize])>,
-    ) -> Result<(Vec<f32>, Vec<usize>)> {
+    ) -> Result<(Buf, Vec<usize>)> {
         let (h, ne) = (c.hidden_size, c.n_routed_experts);
         let routes = pool.install(|| self.route(c, y, ids, n));
         // expert-major: each distinct expert once per chunk. Reads for a whole wave are
@@ -171,8 +172,8 @@ impl MoeWeights {
         let pre_weight = numerics.official();
         // one wave's outputs at a time: each wave is added in once it is complete, so the
         // memory is bounded by a wave, not by the whole batch
-        let mut outs: Vec<Vec<f32>> = vec![Vec::new(); ne];
-        let mut routed = vec![0f32; n * h]; // [n, H]
+        let mut outs: Vec<Option<Buf>> = (0..ne).map(|_| None).collect();
+        let mut routed = scratch::zeroed(n * h); // [n, H]
         let mut started = vec![false; n];
         let mut shared = None;
         let batch = store.max_batch().max(1);
@@ -203,7 +204,7 @@ impl MoeWeights {
                 for &i in &ready {
                     views.push((pins[i].expert, store.view(&pins[i])?));
                 }
-                let run = |views: &[(usize, ExpertView)]| -> Vec<Vec<f32>> {
+                let run = |views: &[(usize, ExpertView)]| -> Vec<Buf> {
                     self.experts_out(c, numerics, y, &users, views)
                 };
                 let ys = if first {
@@ -216,7 +217,7 @@ impl MoeWeights {
                     pool.install(|| run(&views))
                 };
                 for ((e, _), o) in views.iter().zip(ys) {
-                    outs[*e] = o;
+                    outs[*e] = Some(o);
                 }
             }
             drop(pins);
@@ -236,7 +237,7 @@ impl MoeWeights {
             Some(s) => s,
             None => pool.install(|| self.shared(c, numerics, y, n)),
         };
-        for (r, s) in routed.iter_mut().zip(&shared) {
+        for (r, s) in routed.iter_mut().zip(shared.iter()) {
             *r += s;
         }
         Ok((routed, distinct))
@@ -255,7 +256,7 @@ impl MoeWeights {
         y: &[f32],
         users: &[Vec<(usize, f32)>],
         views: &[(usize, ExpertView)],
-    ) -> Vec<Vec<f32>> {
+    ) -> Vec<Buf> {
         let one = |(e, ex): &(usize, ExpertView)| expert_out(c, numerics, y, &users[*e], ex);
         let tokens: Vec<usize> = views.iter().map(|(e, _)| users[*e].len()).collect();
         let mut outs = Vec::with_capacity(views.len());
@@ -270,7 +271,7 @@ impl MoeWeights {
     }
 
     /// The shared expert's output [n, H] for y [n, H].
-    fn shared(&self, c: &ModelConfig, numerics: Numerics, y: &[f32], n: usize) -> Vec<f32> {
+    fn shared(&self, c: &ModelConfig, numerics: Numerics, y: &[f32], n: usize) -> Buf {
         let mut g = self.sw1.forward_in(numerics, y, n);
         let u = self.sw3.forward_in(numerics, y, n);
         swiglu(&mut g, &u, c.swiglu_limit);
@@ -304,9 +305,9 @@ fn expert_out(
     y: &[f32],
     us: &[(usize, f32)],
     ex: &ExpertView,
-) -> Vec<f32> {
+) -> Buf {
     let (h, m) = (c.hidden_size, us.len());
-    let mut xe = vec![0f32; m * h];
+    let mut xe = scratch::zeroed(m * h);
     for (j, &(t, _)) in us.iter().enumerate() {
         xe[j * h..(j + 1) * h].copy_from_slice(&y[t * h..(t + 1) * h]);
     }
@@ -333,13 +334,14 @@ fn accumulate(
     h: usize,
     experts: &[usize],
     users: &[Vec<(usize, f32)>],
-    outs: &mut [Vec<f32>],
+    outs: &mut [Option<Buf>],
     routed: &mut [f32],
     started: &mut [bool],
     pre_weighted: bool,
 ) {
     for &e in experts {
-        let out = std::mem::take(&mut outs[e]);
+        let out = outs[e].take();
+        let out: &[f32] = out.as_deref().unwrap_or(&[]);
         for (i, &(t, w)) in users[e].iter().enumerate() {
             let w = if pre_weighted { 1.0 } else { w };
             let dst = &mut routed[t * h..(t + 1) * h];

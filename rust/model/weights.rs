@@ -6,6 +6,7 @@ use crate::checkpoint::{Checkpoint, TensorInfo};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{self, MatRef, Numerics, Weights};
+use crate::scratch::{self, Buf};
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -37,22 +38,29 @@ impl Linear {
     }
 
     /// y[n, rows] = x[n, cols] · Wᵀ.
-    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], n: usize) -> Buf {
+        let mut y = scratch::zeroed(n * self.rows);
+        kernels::matmul(&self.mat(), 0..self.rows, x, n, &mut y);
+        y
+    }
+
+    /// `forward` into a `Vec`, for an output that leaves the forward pass (the logits).
+    pub fn forward_vec(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut y = vec![0f32; n * self.rows];
         kernels::matmul(&self.mat(), 0..self.rows, x, n, &mut y);
         y
     }
 
     /// `forward` in the given numerics (`kernels::matmul_in`).
-    pub fn forward_in(&self, numerics: Numerics, x: &[f32], n: usize) -> Vec<f32> {
-        let mut y = vec![0f32; n * self.rows];
+    pub fn forward_in(&self, numerics: Numerics, x: &[f32], n: usize) -> Buf {
+        let mut y = scratch::zeroed(n * self.rows);
         kernels::matmul_in(numerics, &self.mat(), 0..self.rows, x, n, &mut y);
         y
     }
 
     /// y[n, rows.len()] for a row sub-range.
-    pub fn forward_rows(&self, rows: Range<usize>, x: &[f32], n: usize) -> Vec<f32> {
-        let mut y = vec![0f32; n * rows.len()];
+    pub fn forward_rows(&self, rows: Range<usize>, x: &[f32], n: usize) -> Buf {
+        let mut y = scratch::zeroed(n * rows.len());
         kernels::matmul(&self.mat(), rows, x, n, &mut y);
         y
     }
