@@ -61,11 +61,6 @@ impl Buf {
             home: None,
         }
     }
-
-    /// Its values as a `Vec` (a copy; the buffer goes back to its pool).
-    pub fn into_vec(self) -> Vec<f32> {
-        self.to_vec()
-    }
 }
 
 impl Deref for Buf {
@@ -277,6 +272,10 @@ mod tests {
 
     const BIG: usize = MIN_BYTES; // f32: 4 × MIN_BYTES bytes
 
+    fn held(kept: usize, out: usize, scopes: usize) -> PoolStats {
+        PoolStats { kept, out, scopes }
+    }
+
     #[test]
     fn a_reused_buffer_comes_back_zeroed_and_aligned() {
         let p = pool();
@@ -291,24 +290,10 @@ mod tests {
         assert_eq!(b.len(), BIG - 5);
         assert!(b.iter().all(|&v| v == 0.0));
         assert_eq!(b.as_ptr() as usize % 64, 0);
-        assert_eq!(
-            p.stats(),
-            PoolStats {
-                kept: 0,
-                out: 4 * BIG,
-                scopes: 1
-            }
-        );
+        assert_eq!(p.stats(), held(0, 4 * BIG, 1));
         drop(b);
         drop(s);
-        assert_eq!(
-            p.stats(),
-            PoolStats {
-                kept: 0,
-                out: 0,
-                scopes: 0
-            }
-        );
+        assert_eq!(p.stats(), held(0, 0, 0));
     }
 
     #[test]
@@ -320,14 +305,7 @@ mod tests {
         let small = p.zeroed(MIN_BYTES / 4 - 16);
         assert!(small.iter().all(|&v| v == 0.0));
         drop(small);
-        assert_eq!(
-            p.stats(),
-            PoolStats {
-                kept: 0,
-                out: 0,
-                scopes: 1
-            }
-        );
+        assert_eq!(p.stats(), held(0, 0, 1));
         drop(s);
     }
 
@@ -342,14 +320,7 @@ mod tests {
         let st = p.stats();
         assert_eq!((st.kept, st.out), (12 * BIG, 0));
         drop(s);
-        assert_eq!(
-            p.stats(),
-            PoolStats {
-                kept: 0,
-                out: 0,
-                scopes: 0
-            }
-        );
+        assert_eq!(p.stats(), held(0, 0, 0));
     }
 
     #[test]
@@ -383,33 +354,12 @@ mod tests {
         assert_eq!(p.stats().kept, 8 * BIG);
         drop(outer);
         // the inner scope's limit is now the only one: one buffer stays
-        assert_eq!(
-            p.stats(),
-            PoolStats {
-                kept: 4 * BIG,
-                out: 0,
-                scopes: 1
-            }
-        );
+        assert_eq!(p.stats(), held(4 * BIG, 0, 1));
         // one taken and returned after the last scope closed is freed
         let c = p.zeroed(BIG);
         drop(inner);
-        assert_eq!(
-            p.stats(),
-            PoolStats {
-                kept: 0,
-                out: 4 * BIG,
-                scopes: 0
-            }
-        );
+        assert_eq!(p.stats(), held(0, 4 * BIG, 0));
         drop(c);
-        assert_eq!(
-            p.stats(),
-            PoolStats {
-                kept: 0,
-                out: 0,
-                scopes: 0
-            }
-        );
+        assert_eq!(p.stats(), held(0, 0, 0));
     }
 }
