@@ -3,7 +3,7 @@
 //! alternating, and compare the medians of the ratios).
 //!
 //! ```text
-//! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]
+//! cargo bench --bench kernels_ab -- decode  fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS] [RING_MIB]
 //! cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]
 //! cargo bench --bench kernels_ab -- expert  fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]
 //! cargo bench --bench kernels_ab -- wave    fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]
@@ -15,10 +15,13 @@
 //! numerics (`matmul_bf16`, CPUs with avx512_bf16; TIER is then only the FMA probe's); the
 //! others run the exact kernels.
 //!
-//! - `decode`: a one-token matvec over a ring of copies of the matrix (>= 2 GiB in all, so
-//!   the weights come from DRAM as in real decode), each round next to the engine's memory
-//!   probe (`probe::mem_read_gbs`: a plain sum over 2 GiB on all threads, the streaming
-//!   read). Prints GB/s and the median of the per-round ratios.
+//! - `decode`: a one-token matvec over a ring of copies of the matrix (>= RING_MIB in all,
+//!   2048 by default, so the weights come from DRAM as in real decode; a ring within L2
+//!   measures the kernel's arithmetic instead), >= 2 GiB of weights per round, each round
+//!   next to the engine's memory probe (`probe::mem_read_gbs`: a plain sum over 2 GiB on all
+//!   threads, the streaming read). Prints GB/s and the median of the per-round ratios.
+//! - `decode` and `prefill` time their products inside one `install` on a pool, as the
+//!   engine runs them from its workers.
 //! - `prefill`: the TOKENS-token product of one matrix (cache-resident when it fits), each
 //!   round next to the register-only FMA loop of the same tier on all threads
 //!   (`kernels::fma_probe`). Prints GFLOP/s and the median of the per-round ratios to that
@@ -111,13 +114,20 @@ fn run(path: Path, tier: Tier, m: &MatRef, x: &[f32], n: usize, y: &mut [f32]) {
     r.expect("the checked path is available");
 }
 
-fn decode(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, rounds: usize) {
-    let ring = ring(kind, rows, cols, 2 << 30);
+fn decode(
+    (kind, path, rows, cols, tier): (Kind, Path, usize, usize, Tier),
+    rounds: usize,
+    ring_mib: usize,
+) {
+    let ring = ring(kind, rows, cols, ring_mib.max(1) << 20);
     let (bytes, copies) = (mat(kind, rows, cols, &ring[0]).bytes(), ring.len());
+    // passes over the ring per round: >= 2 GiB of weights read whatever the ring's size
+    let passes = (2usize << 30).div_ceil(bytes * copies);
     let mats: Vec<MatRef> = ring.iter().map(|o| mat(kind, rows, cols, o)).collect();
     let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
     let mut y = vec![0f32; rows];
-    let threads = rayon::current_num_threads();
+    let Some(pool) = pool() else { return };
+    let threads = pool.current_num_threads();
     let (mut st, mut k) = (vec![], vec![]);
     for _ in 0..rounds {
         match mem_read_gbs(2 << 30, threads, 1) {
@@ -125,20 +135,35 @@ fn decode(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, rounds: 
             Err(e) => return println!("the memory probe failed: {e}"),
         }
         let t0 = Instant::now();
-        for m in &mats {
-            run(path, tier, m, &x, 1, &mut y);
-        }
+        pool.install(|| {
+            for _ in 0..passes {
+                for m in &mats {
+                    run(path, tier, m, &x, 1, &mut y);
+                }
+            }
+        });
         std::hint::black_box(&y);
-        k.push((bytes * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+        k.push((bytes * copies * passes) as f64 / t0.elapsed().as_secs_f64() / 1e9);
     }
     let ratio: Vec<f64> = k.iter().zip(&st).map(|(a, b)| a / b * 100.0).collect();
     println!(
-        "decode {rows}x{cols} {}: {:.1} GB/s, stream {:.1} GB/s, {:.0} % of the stream (medians of {rounds})",
+        "decode {rows}x{cols} {} (ring {} MiB): {:.1} GB/s, stream {:.1} GB/s, {:.0} % of the stream (medians of {rounds})",
         tier.name(),
+        (bytes * copies) >> 20,
         median(k),
         median(st),
         median(ratio)
     );
+}
+
+/// The pool the timed products run on: each round's products inside one `install`, as the
+/// engine calls them from its workers (from outside a pool every product would also pay
+/// two thread wake-ups, about 100 µs on a VM: a fifth of a 512 x 2048 FP4 product).
+fn pool() -> Option<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .build()
+        .map_err(|e| println!("no thread pool: {e}"))
+        .ok()
 }
 
 fn prefill(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, n: usize, rounds: usize) {
@@ -150,19 +175,24 @@ fn prefill(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, n: usiz
     let mut y = vec![0f32; n * rows];
     let flops = (2 * rows * cols * n) as f64;
     let reps = ((4e9 / flops) as usize).max(1);
-    let threads = rayon::current_num_threads();
+    let Some(pool) = pool() else { return };
+    let threads = pool.current_num_threads();
     let (mut pk, mut gf) = (vec![], vec![]);
     for _ in 0..rounds {
         let t0 = Instant::now();
-        let f: u64 = (0..threads)
-            .into_par_iter()
-            .map(|_| fma_probe(tier, 1 << 24).map_or(0, |p| p.1))
-            .sum();
+        let f: u64 = pool.install(|| {
+            (0..threads)
+                .into_par_iter()
+                .map(|_| fma_probe(tier, 1 << 24).map_or(0, |p| p.1))
+                .sum()
+        });
         pk.push(f as f64 / t0.elapsed().as_secs_f64() / 1e9);
         let t0 = Instant::now();
-        for _ in 0..reps {
-            run(path, tier, &m, &x, n, &mut y);
-        }
+        pool.install(|| {
+            for _ in 0..reps {
+                run(path, tier, &m, &x, n, &mut y);
+            }
+        });
         std::hint::black_box(&y);
         gf.push(flops * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
     }
@@ -313,7 +343,7 @@ fn attend(nk: usize, d: usize, tier: Tier, heads: usize, rounds: usize) {
     );
 }
 
-const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- wave fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]\n       cargo bench --bench kernels_ab -- attend KEYS DIM TIER HEADS [ROUNDS]";
+const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS] [RING_MIB]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- wave fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]\n       cargo bench --bench kernels_ab -- attend KEYS DIM TIER HEADS [ROUNDS]";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets too; only `cargo bench` (which passes
@@ -378,7 +408,11 @@ fn main() {
         }
     }
     match args[0].as_str() {
-        "decode" => decode(kind, path, rows, cols, tier, num(5, "ROUNDS").unwrap_or(7)),
+        "decode" => decode(
+            (kind, path, rows, cols, tier),
+            num(5, "ROUNDS").unwrap_or(7),
+            num(6, "RING_MIB").unwrap_or(2048),
+        ),
         "expert" | "wave" if path != Path::Exact => {
             println!("{} runs the exact kernels: fp4, fp8 or bf16", args[0])
         }
