@@ -156,9 +156,9 @@ fn decode(
     );
 }
 
-/// The pool the timed products run on: each round's products inside one `install`, as the
-/// engine calls them from its workers (from outside a pool every product would also pay
-/// two thread wake-ups, about 100 µs on a VM: a fifth of a 512 x 2048 FP4 product).
+/// The pool the timed products of every mode run on, inside `install` as the engine calls
+/// them from its workers (from outside a pool every product would also pay two thread
+/// wake-ups, about 100 µs on a VM: a fifth of a 512 x 2048 FP4 product).
 fn pool() -> Option<rayon::ThreadPool> {
     rayon::ThreadPoolBuilder::new()
         .build()
@@ -213,10 +213,7 @@ fn prefill(kind: Kind, path: Path, rows: usize, cols: usize, tier: Tier, n: usiz
 fn expert(kind: Kind, inter: usize, hidden: usize, tier: Tier, rounds: usize) {
     let (ring, one) = expert_ring(kind, inter, hidden);
     let x: Vec<f32> = (0..hidden).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
-    let pool = match rayon::ThreadPoolBuilder::new().build() {
-        Ok(p) => p,
-        Err(e) => return println!("no thread pool: {e}"),
-    };
+    let Some(pool) = pool() else { return };
     let shape = (kind, inter, hidden, tier);
     let run_all = |joined: bool| -> f64 {
         let t0 = Instant::now();
@@ -249,10 +246,7 @@ fn expert(kind: Kind, inter: usize, hidden: usize, tier: Tier, rounds: usize) {
 fn wave(kind: Kind, inter: usize, hidden: usize, tier: Tier, size: usize, rounds: usize) {
     let (ring, one) = expert_ring(kind, inter, hidden);
     let x: Vec<f32> = (0..hidden).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
-    let pool = match rayon::ThreadPoolBuilder::new().build() {
-        Ok(p) => p,
-        Err(e) => return println!("no thread pool: {e}"),
-    };
+    let Some(pool) = pool() else { return };
     let threads = pool.current_num_threads();
     let shape = (kind, inter, hidden, tier);
     let run_all = |grouped: bool| -> f64 {
