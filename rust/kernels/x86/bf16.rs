@@ -147,12 +147,18 @@ unsafe fn fp4_bh(p: *const u8, t: __m512i) -> __m512bh {
     }
 }
 
-/// Chunk c of row r decoded (the last FP8 chunk zero padded).
+/// Chunk c of row r decoded (the last FP8 chunk zero padded); an FP4 block takes its table
+/// from `tables` (`fp4_tables`).
 ///
 /// # Safety
 /// The CPU has this tier's features.
 #[inline(always)]
-unsafe fn chunk(a: Avx512, rows: Rows, r: usize, cols: usize, c: usize) -> __m512bh {
+unsafe fn chunk(
+    a: Avx512,
+    rows: Rows,
+    (r, cols, c): (usize, usize, usize),
+    tables: &[__m512i; 256],
+) -> __m512bh {
     let j = c * CH;
     match rows {
         Rows::Fp8 { q, scale } => {
@@ -171,10 +177,7 @@ unsafe fn chunk(a: Avx512, rows: Rows, r: usize, cols: usize, c: usize) -> __m51
         Rows::Fp4 { q, scale } => {
             let v = &q[(r * cols + j) / 2..][..CH / 2];
             // SAFETY: `v` holds 16 bytes; features by the caller's contract.
-            unsafe {
-                let t = fp4_table(a, e8m0_to_f32(scale[(r * cols + j) / 32]));
-                fp4_bh(v.as_ptr(), t)
-            }
+            unsafe { fp4_bh(v.as_ptr(), tables[scale[(r * cols + j) / 32] as usize]) }
         }
         Rows::F32(_) | Rows::Bf16(_) => unreachable!("the bf16 path takes FP8 and FP4 rows"),
     }
@@ -233,7 +236,7 @@ unsafe fn rows_x1<const R: usize>(
                 if full < nch {
                     let xv = load_bh(xp.add(full * CH));
                     for k in 0..R {
-                        let wv = chunk(a, w.rows, r0 + k, cols, full);
+                        let wv = chunk(a, w.rows, (r0 + k, cols, full), tables);
                         acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
                     }
                 }
@@ -257,15 +260,12 @@ const ROWS_X1: usize = 8;
 /// # Safety
 /// The CPU has the enabled features.
 unsafe fn dot_x1(a: Avx512, w: &RowsView, xb: &[u16], out: &mut [f32]) {
-    // the FP4 table times every possible scale, so the loop only loads a block's table
     let mut r = 0;
     // SAFETY: the features by the caller's contract.
     unsafe {
         let mut tables = [_mm512_setzero_si512(); 256];
         if let Rows::Fp4 { .. } = w.rows {
-            for (b, t) in tables.iter_mut().enumerate() {
-                *t = fp4_table(a, e8m0_to_f32(b as u8));
-            }
+            fp4_tables(a, &mut tables);
         }
         while r + ROWS_X1 <= w.nrows {
             out[r..r + ROWS_X1].copy_from_slice(&rows_x1::<ROWS_X1>(a, w, r, xb, &tables));
@@ -279,11 +279,31 @@ unsafe fn dot_x1(a: Avx512, w: &RowsView, xb: &[u16], out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
-/// wbuf[r * stride..][..chunks * 32] = row r decoded in the chunk layout.
+/// tables[b] = `fp4_table` for scale byte b: the FP4 table of every possible scale, so the
+/// loops only load a block's table.
 ///
 /// # Safety
 /// The CPU has the enabled features.
-unsafe fn decode(a: Avx512, w: &RowsView, stride: usize, wbuf: &mut [u16]) {
+unsafe fn fp4_tables(a: Avx512, tables: &mut [__m512i; 256]) {
+    for (b, t) in tables.iter_mut().enumerate() {
+        // SAFETY: the features by the caller's contract.
+        *t = unsafe { fp4_table(a, e8m0_to_f32(b as u8)) };
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+/// wbuf[r * stride..][..chunks * 32] = row r decoded in the chunk layout; FP4 blocks take
+/// their table from `tables` (`fp4_tables`; unused for FP8).
+///
+/// # Safety
+/// The CPU has the enabled features.
+unsafe fn decode(
+    a: Avx512,
+    w: &RowsView,
+    stride: usize,
+    wbuf: &mut [u16],
+    tables: &[__m512i; 256],
+) {
     let nch = w.cols.div_ceil(CH);
     for r in 0..w.nrows {
         let row = &mut wbuf[r * stride..r * stride + nch * CH];
@@ -292,7 +312,7 @@ unsafe fn decode(a: Avx512, w: &RowsView, stride: usize, wbuf: &mut [u16]) {
             // SAFETY: the features by the caller's contract; `d` holds 64 bytes; the vector
             // types have the same size and any bit pattern is valid for both.
             unsafe {
-                let v = chunk(a, w.rows, r, w.cols, c);
+                let v = chunk(a, w.rows, (r, w.cols, c), tables);
                 _mm512_storeu_si512(
                     d.as_mut_ptr().cast(),
                     std::mem::transmute::<__m512bh, __m512i>(v),
@@ -382,20 +402,36 @@ unsafe fn gemm(
             let cs = (c0, (c0 + PANEL).min(nch));
             let mut t = 0;
             while t < n {
-                let full = t + TILE_T <= n;
+                // the last token tile takes all the tokens left (1 to TILE_T), so that few
+                // tokens (an expert's share of a prefill) still load each weight chunk once
+                let tt = (n - t).min(TILE_T);
                 let mut r = 0;
                 while r < nrows {
                     let w = (wbuf, r, stride);
                     let x = (xb, t, n);
-                    match (nrows - r >= TILE_R, full) {
-                        (true, true) => tile::<TILE_R, TILE_T>(a, w, x, cs, accs),
-                        (true, false) => tile::<TILE_R, 1>(a, w, x, cs, accs),
-                        (false, true) => tile::<1, TILE_T>(a, w, x, cs, accs),
-                        (false, false) => tile::<1, 1>(a, w, x, cs, accs),
+                    if nrows - r >= TILE_R {
+                        match tt {
+                            1 => tile::<TILE_R, 1>(a, w, x, cs, accs),
+                            2 => tile::<TILE_R, 2>(a, w, x, cs, accs),
+                            3 => tile::<TILE_R, 3>(a, w, x, cs, accs),
+                            4 => tile::<TILE_R, 4>(a, w, x, cs, accs),
+                            5 => tile::<TILE_R, 5>(a, w, x, cs, accs),
+                            _ => tile::<TILE_R, TILE_T>(a, w, x, cs, accs),
+                        }
+                        r += TILE_R;
+                    } else {
+                        match tt {
+                            1 => tile::<1, 1>(a, w, x, cs, accs),
+                            2 => tile::<1, 2>(a, w, x, cs, accs),
+                            3 => tile::<1, 3>(a, w, x, cs, accs),
+                            4 => tile::<1, 4>(a, w, x, cs, accs),
+                            5 => tile::<1, 5>(a, w, x, cs, accs),
+                            _ => tile::<1, TILE_T>(a, w, x, cs, accs),
+                        }
+                        r += 1;
                     }
-                    r += if nrows - r >= TILE_R { TILE_R } else { 1 };
                 }
-                t += if full { TILE_T } else { 1 };
+                t += tt;
             }
             c0 = cs.1;
         }
@@ -431,11 +467,21 @@ pub(crate) fn matmul(b: Bf16, m: &MatRef, rows: Range<usize>, x: &[f32], n: usiz
             } else {
                 let mut wbuf = vec![0u16; GROUP * stride];
                 let mut accs = vec![0f32; GROUP * n * 16];
+                let mut tables = [_mm512_setzero_si512(); 256];
+                if !fp8 {
+                    fp4_tables(a, &mut tables);
+                }
                 let mut g0 = tr.start;
                 while g0 < tr.end {
                     let g1 = (g0 + GROUP).min(tr.end);
                     let gl = g1 - g0;
-                    decode(a, &view(m, g0..g1), stride, &mut wbuf[..gl * stride]);
+                    decode(
+                        a,
+                        &view(m, g0..g1),
+                        stride,
+                        &mut wbuf[..gl * stride],
+                        &tables,
+                    );
                     let oo = &mut o[(g0 - tr.start) * n..(g1 - tr.start) * n];
                     gemm(
                         a,
