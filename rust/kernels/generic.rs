@@ -1505,25 +1505,27 @@ pub(crate) fn gemm_q8<S: Simd, const R: usize>(
         let bs = (b0, (b0 + PANEL_BLOCKS).min(nb));
         let mut t = 0;
         while t < n {
-            let three = t + 3 <= n;
+            // three-token tiles, then one tile of the tokens left
+            let tt = (n - t).min(3);
+            let x = (xq, xd);
             let mut r = 0;
             while r + R <= nrows {
-                if three {
-                    tile_q8::<S, R, 3>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
-                } else {
-                    tile_q8::<S, R, 1>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
+                match tt {
+                    1 => tile_q8::<S, R, 1>(s, (wq, ws), r, cols, x, (t, n), bs, accs),
+                    2 => tile_q8::<S, R, 2>(s, (wq, ws), r, cols, x, (t, n), bs, accs),
+                    _ => tile_q8::<S, R, 3>(s, (wq, ws), r, cols, x, (t, n), bs, accs),
                 }
                 r += R;
             }
             while r < nrows {
-                if three {
-                    tile_q8::<S, 1, 3>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
-                } else {
-                    tile_q8::<S, 1, 1>(s, (wq, ws), r, cols, (xq, xd), (t, n), bs, accs);
+                match tt {
+                    1 => tile_q8::<S, 1, 1>(s, (wq, ws), r, cols, x, (t, n), bs, accs),
+                    2 => tile_q8::<S, 1, 2>(s, (wq, ws), r, cols, x, (t, n), bs, accs),
+                    _ => tile_q8::<S, 1, 3>(s, (wq, ws), r, cols, x, (t, n), bs, accs),
                 }
                 r += 1;
             }
-            t += if three { 3 } else { 1 };
+            t += tt;
         }
         b0 = bs.1;
     }
