@@ -118,7 +118,9 @@ fn bf16_matches_the_instruction_twin_bit_for_bit() {
     for (kind, rows, cols) in SHAPES {
         let m = Mat::new(kind, rows, cols, 7);
         let mr = m.mat_ref();
-        for n in [1, 2, 3, 5, 7, 13] {
+        // 1 to 16 tokens take the fused path (in passes above 8), more `gemm` with each
+        // remainder tile (19 to 23 tokens)
+        for n in [1, 2, 3, 5, 7, 13, 16, 19, 20, 21, 22, 23] {
             let xb = make_x(n, cols, 3 + n as u64);
             let x = &xb[1..];
             let y = run_bf16(&mr, 0..rows, x, n).unwrap();

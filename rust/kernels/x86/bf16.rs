@@ -11,8 +11,10 @@
 //! with bf16 denormal inputs read as zero and denormal results flushed to zero. With exact
 //! products that is two FMA steps per lane, so every (row, token) output here is one fixed
 //! chain per lane over the 32-column chunks in order, then the AVX-512 tier's fixed-tree
-//! lane sum (`Simd::hsum`): the same value in the one-token and the prefill path, for any
-//! thread count (the driver's task split), as `driver` requires. It differs from `matmul`'s
+//! lane sum (`Simd::hsum`): the same value in the fused path for up to 16 tokens (`fused`,
+//! each weight chunk decoded once for a pass of tokens) and the prefill path for more
+//! (`decode` into a buffer, then `gemm`), for any thread count (the driver's task split),
+//! as `driver` requires. It differs from `matmul`'s
 //! f32 chain by rounding only (the columns meet the lanes in another order). Flushing can
 //! only matter below 2^-126, which no E4M3 activation (>= 2^-31 times its block's scale)
 //! or real checkpoint weight comes near.
@@ -183,23 +185,41 @@ unsafe fn chunk(
     }
 }
 
-/// R rows from r0, one token: acc[k] = dpbf16(acc[k], w[k][c], x[c]) over the chunks.
+/// Chunk c of T tokens `xs` apart from xp (no closure: it would be compiled without the
+/// tier's features, see `generic`).
+///
+/// # Safety
+/// The CPU has avx512f; xp is valid for reading (T - 1) xs + 32 (c + 1) bf16.
+#[inline(always)]
+unsafe fn x_chunks<const T: usize>(xp: *const u16, xs: usize, c: usize) -> [__m512bh; T] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut v = [load_bh(xp.add(c * CH)); T];
+        for (t, x) in v.iter_mut().enumerate().skip(1) {
+            *x = load_bh(xp.add(t * xs + c * CH));
+        }
+        v
+    }
+}
+
+/// R rows from r0 and T tokens (xb, `xs` apart): acc[k][t] = dpbf16(acc[k][t], w[k][c],
+/// x[t][c]) over the chunks, each weight chunk decoded once for the T tokens.
 ///
 /// # Safety
 /// The CPU has this tier's features.
 #[inline(always)]
-unsafe fn rows_x1<const R: usize>(
+unsafe fn rows_xt<const R: usize, const T: usize>(
     a: Avx512,
     w: &RowsView,
     r0: usize,
-    xb: &[u16],
+    (xb, xs): (&[u16], usize),
     tables: &[__m512i; 256],
-) -> [f32; R] {
+) -> [[f32; T]; R] {
     let cols = w.cols;
     let (full, nch) = (cols / CH, cols.div_ceil(CH));
-    assert!(xb.len() >= nch * CH && r0 + R <= w.nrows);
+    assert!(xs >= nch * CH && xb.len() >= (T - 1) * xs + nch * CH && r0 + R <= w.nrows);
     let xp = xb.as_ptr();
-    let mut acc = [a.splat(0.0); R];
+    let mut acc = [[a.splat(0.0); T]; R];
     // SAFETY: the features by the caller's contract; the pointer offsets are inside the
     // buffers as each loop's comment says.
     unsafe {
@@ -212,11 +232,13 @@ unsafe fn rows_x1<const R: usize>(
                 // bytes 16c..16c + 16 of that row's cols / 2, inside q (asserted).
                 for c in 0..full {
                     prefetch_next(a, qp.wrapping_add(R * cols / 2), R * CH / 2, c);
-                    let xv = load_bh(xp.add(c * CH));
+                    let xv = x_chunks::<T>(xp, xs, c);
                     for k in 0..R {
-                        let t = tables[sc[k * (cols / 32) + c] as usize];
-                        let wv = fp4_bh(qp.add(k * cols / 2 + c * CH / 2), t);
-                        acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
+                        let tb = tables[sc[k * (cols / 32) + c] as usize];
+                        let wv = fp4_bh(qp.add(k * cols / 2 + c * CH / 2), tb);
+                        for t in 0..T {
+                            acc[k][t] = _mm512_dpbf16_ps(acc[k][t], wv, xv[t]);
+                        }
                     }
                 }
             }
@@ -227,54 +249,112 @@ unsafe fn rows_x1<const R: usize>(
                 for c in 0..full {
                     prefetch_next(a, qp.wrapping_add(R * cols), R * CH, c);
                     let sv = a.splat(e8m0_to_f32(scale[c * CH / 128]));
-                    let xv = load_bh(xp.add(c * CH));
+                    let xv = x_chunks::<T>(xp, xs, c);
                     for k in 0..R {
                         let wv = fp8_bh(a, qp.add(k * cols + c * CH), sv);
-                        acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
+                        for t in 0..T {
+                            acc[k][t] = _mm512_dpbf16_ps(acc[k][t], wv, xv[t]);
+                        }
                     }
                 }
                 if full < nch {
-                    let xv = load_bh(xp.add(full * CH));
+                    let xv = x_chunks::<T>(xp, xs, full);
                     for k in 0..R {
                         let wv = chunk(a, w.rows, (r0 + k, cols, full), tables);
-                        acc[k] = _mm512_dpbf16_ps(acc[k], wv, xv);
+                        for t in 0..T {
+                            acc[k][t] = _mm512_dpbf16_ps(acc[k][t], wv, xv[t]);
+                        }
                     }
                 }
             }
             Rows::F32(_) | Rows::Bf16(_) => unreachable!("the bf16 path takes FP8 and FP4 rows"),
         }
     }
-    let mut out = [0f32; R];
+    let mut out = [[0f32; T]; R];
     for k in 0..R {
-        out[k] = a.hsum(acc[k]);
+        for t in 0..T {
+            out[k][t] = a.hsum(acc[k][t]);
+        }
     }
     out
 }
 
-/// Rows sharing each x load in the one-token path (as in the AVX-512 tier's `simd_kernel!`).
-const ROWS_X1: usize = 8;
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
-/// out[r] = row r · x for every row of `w`, one token.
+/// out[r * os + t] = row r · token t for every row of `w` and the T tokens of xb (`xs`
+/// apart), R rows at a time: the fused path for few tokens, one token included.
 ///
 /// # Safety
-/// The CPU has the enabled features.
-unsafe fn dot_x1(a: Avx512, w: &RowsView, xb: &[u16], out: &mut [f32]) {
+/// The CPU has this tier's features.
+#[inline(always)]
+unsafe fn dot_xt<const R: usize, const T: usize>(
+    a: Avx512,
+    w: &RowsView,
+    x: (&[u16], usize),
+    (out, os): (&mut [f32], usize),
+    tables: &[__m512i; 256],
+) {
+    assert!(os >= T && (w.nrows == 0 || out.len() >= (w.nrows - 1) * os + T));
     let mut r = 0;
     // SAFETY: the features by the caller's contract.
     unsafe {
-        let mut tables = [_mm512_setzero_si512(); 256];
-        if let Rows::Fp4 { .. } = w.rows {
-            fp4_tables(a, &mut tables);
-        }
-        while r + ROWS_X1 <= w.nrows {
-            out[r..r + ROWS_X1].copy_from_slice(&rows_x1::<ROWS_X1>(a, w, r, xb, &tables));
-            r += ROWS_X1;
+        while r + R <= w.nrows {
+            let v = rows_xt::<R, T>(a, w, r, x, tables);
+            for k in 0..R {
+                out[(r + k) * os..][..T].copy_from_slice(&v[k]);
+            }
+            r += R;
         }
         while r < w.nrows {
-            out[r] = rows_x1::<1>(a, w, r, xb, &tables)[0];
+            out[r * os..][..T].copy_from_slice(&rows_xt::<1, T>(a, w, r, x, tables)[0]);
             r += 1;
         }
+    }
+}
+
+/// Most tokens one pass of the fused path takes (`fused`).
+const PASS_TOKENS: usize = 8;
+
+/// Most tokens the fused path takes (in passes of at most PASS_TOKENS, each reading the
+/// weights again); more go through `decode` + `gemm`. Measured on Zen 4 (`kernels_ab
+/// prefill fp4-bf16 2048 4096`, 2 threads, GFLOP/s counted as f32 multiply-adds, medians of
+/// 3, `decode` + `gemm` -> fused): 2 tokens 79 -> 161, 4 150 -> 296, 5 150 -> 270, 8 199 ->
+/// 267, 9 181 -> 228, 16 204 -> 281; from 24 tokens they tie and at 64 `gemm` wins.
+const FUSED_TOKENS: usize = 16;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+/// out[r * os + t] = row r · token t for every row of `w` and n <= FUSED_TOKENS tokens of
+/// xb (`xs` apart), in passes of at most PASS_TOKENS tokens of equal size: each weight
+/// chunk decoded once per pass, no decoded copy. R rows per step, R x T accumulators within
+/// the 32 registers with the x chunks and the decode's temporaries.
+///
+/// # Safety
+/// The CPU has the enabled features.
+unsafe fn fused(
+    a: Avx512,
+    w: &RowsView,
+    (xb, xs): (&[u16], usize),
+    n: usize,
+    out: &mut [f32],
+    tables: &[__m512i; 256],
+) {
+    let mut t0 = 0;
+    while t0 < n {
+        let passes = (n - t0).div_ceil(PASS_TOKENS);
+        let tn = (n - t0).div_ceil(passes);
+        let (x, o) = ((&xb[t0 * xs..], xs), (&mut out[t0..], n));
+        // SAFETY: the features by the caller's contract.
+        unsafe {
+            match tn {
+                1 => dot_xt::<8, 1>(a, w, x, o, tables),
+                2 => dot_xt::<4, 2>(a, w, x, o, tables),
+                3 => dot_xt::<4, 3>(a, w, x, o, tables),
+                4 => dot_xt::<4, 4>(a, w, x, o, tables),
+                5 => dot_xt::<3, 5>(a, w, x, o, tables),
+                6 => dot_xt::<3, 6>(a, w, x, o, tables),
+                7 => dot_xt::<2, 7>(a, w, x, o, tables),
+                _ => dot_xt::<2, PASS_TOKENS>(a, w, x, o, tables),
+            }
+        }
+        t0 += tn;
     }
 }
 
@@ -323,7 +403,7 @@ unsafe fn decode(
 }
 
 /// R rows x T tokens over chunks c0..c1, each (row, token) keeping its accumulator in
-/// `accs` ([rows, n, 16]) between panels so its chain is `rows_x1`'s.
+/// `accs` ([rows, n, 16]) between panels so its chain is `rows_xt`'s.
 ///
 /// # Safety
 /// The CPU has this tier's features.
@@ -462,15 +542,15 @@ pub(crate) fn matmul(b: Bf16, m: &MatRef, rows: Range<usize>, x: &[f32], n: usiz
     run_tasks(task_split(&rows, fp8), rows.start, n, y, |tr, o| {
         // SAFETY: `Bf16` exists, so `detect` found every feature these functions enable.
         unsafe {
-            if n == 1 {
-                dot_x1(a, &view(m, tr.clone()), &xb, o);
+            let mut tables = [_mm512_setzero_si512(); 256];
+            if !fp8 {
+                fp4_tables(a, &mut tables);
+            }
+            if n <= FUSED_TOKENS {
+                fused(a, &view(m, tr.clone()), (&xb, stride), n, o, &tables);
             } else {
                 let mut wbuf = vec![0u16; GROUP * stride];
                 let mut accs = vec![0f32; GROUP * n * 16];
-                let mut tables = [_mm512_setzero_si512(); 256];
-                if !fp8 {
-                    fp4_tables(a, &mut tables);
-                }
                 let mut g0 = tr.start;
                 while g0 < tr.end {
                     let g1 = (g0 + GROUP).min(tr.end);
