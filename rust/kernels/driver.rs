@@ -308,9 +308,11 @@ pub(crate) fn matmul<K: Kernel>(
                 Rows::Fp4 { .. } => K::FP4_PASS.clamp(1, 4),
                 _ => 4,
             };
+            // passes of equal size (5 tokens: 3 + 2, not 4 + 1; a one-token pass decodes
+            // every weight for a single multiply-add)
             let mut t0 = 0;
             while t0 < n {
-                let nt = (n - t0).min(pass);
+                let nt = (n - t0).div_ceil((n - t0).div_ceil(pass));
                 k.dot_xt(&v, (&xp[t0 * cp..], cp, nt), (&mut o[t0..], n));
                 t0 += nt;
             }
