@@ -77,8 +77,9 @@ pub(crate) fn fp8_bits() -> bool {
 /// mesh L3) the x of a 128-token block of 4,096 or 8,192 columns comes from L3, and the tile
 /// waits on it. Whole 2,048-token prefills there, off -> on in alternating pairs: AVX-512
 /// kernels 4.5 % faster (median of 8 pairs; 6 faster), prefill 37.3 -> 39.6 tok/s; AVX2
-/// kernels 81 -> 85 GFLOP/s (3 pairs, all faster). AMD is unmeasured and keeps the loop
-/// without it.
+/// kernels 81 -> 85 GFLOP/s (3 pairs, all faster). On Zen 4 (1 MiB L2, 32 MiB L3) it tied:
+/// `kernels_ab prefill` FP8 4096x4096 at 256 tokens and FP4 2048x4096 at 128, 3 alternating
+/// pairs each within the noise; so AMD keeps the loop without it.
 pub(crate) fn gemm_x_ahead() -> bool {
     static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *B.get_or_init(|| super::env_switch("V4FLASH_GEMM_X_AHEAD").unwrap_or_else(|| !amd()))
