@@ -453,6 +453,32 @@ unsafe fn tile<const R: usize, const T: usize>(
     }
 }
 
+/// `tile` for R rows and `tt` tokens (1 to TILE_T).
+///
+/// # Safety
+/// As `tile`.
+#[inline(always)]
+unsafe fn tiles<const R: usize>(
+    a: Avx512,
+    w: (&[u16], usize, usize),
+    x: (&[u16], usize, usize),
+    cs: (usize, usize),
+    accs: &mut [f32],
+    tt: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match tt {
+            1 => tile::<R, 1>(a, w, x, cs, accs),
+            2 => tile::<R, 2>(a, w, x, cs, accs),
+            3 => tile::<R, 3>(a, w, x, cs, accs),
+            4 => tile::<R, 4>(a, w, x, cs, accs),
+            5 => tile::<R, 5>(a, w, x, cs, accs),
+            _ => tile::<R, TILE_T>(a, w, x, cs, accs),
+        }
+    }
+}
+
 /// Micro-kernel shape of the prefill path: 4 rows x 6 tokens (24 accumulators, 6 x and
 /// one weight register of 32).
 const TILE_R: usize = 4;
@@ -490,24 +516,10 @@ unsafe fn gemm(
                     let w = (wbuf, r, stride);
                     let x = (xb, t, n);
                     if nrows - r >= TILE_R {
-                        match tt {
-                            1 => tile::<TILE_R, 1>(a, w, x, cs, accs),
-                            2 => tile::<TILE_R, 2>(a, w, x, cs, accs),
-                            3 => tile::<TILE_R, 3>(a, w, x, cs, accs),
-                            4 => tile::<TILE_R, 4>(a, w, x, cs, accs),
-                            5 => tile::<TILE_R, 5>(a, w, x, cs, accs),
-                            _ => tile::<TILE_R, TILE_T>(a, w, x, cs, accs),
-                        }
+                        tiles::<TILE_R>(a, w, x, cs, accs, tt);
                         r += TILE_R;
                     } else {
-                        match tt {
-                            1 => tile::<1, 1>(a, w, x, cs, accs),
-                            2 => tile::<1, 2>(a, w, x, cs, accs),
-                            3 => tile::<1, 3>(a, w, x, cs, accs),
-                            4 => tile::<1, 4>(a, w, x, cs, accs),
-                            5 => tile::<1, 5>(a, w, x, cs, accs),
-                            _ => tile::<1, TILE_T>(a, w, x, cs, accs),
-                        }
+                        tiles::<1>(a, w, x, cs, accs, tt);
                         r += 1;
                     }
                 }
