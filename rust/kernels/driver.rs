@@ -1,8 +1,8 @@
 //! The tier-independent half of `matmul`: splitting rows into tasks, preparing x, and
-//! choosing between the fused path (up to `FUSED_MAX` tokens, in passes of up to 4 that
-//! decode each weight once into registers; FP4 on tiers that choose it, from
-//! `FP4_PANELS_FROM` tokens: `generic::fp4_panels`, one decode for all of them) and the
-//! decode-then-multiply panel path.
+//! choosing between the fused path (up to `FUSED_MAX` tokens, FP4 up to the tier's
+//! `FP4_FUSED_MAX`, in passes of up to 4 that decode each weight once into registers; FP4
+//! on tiers that choose it, from `FP4_PANELS_FROM` tokens: `generic::fp4_panels`, one
+//! decode for all of them) and the decode-then-multiply panel path.
 //!
 //! Every tier computes one (row, token) output the same way, whatever n, the row range or
 //! the thread count:
@@ -82,6 +82,8 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// The fewest tokens for which FP4 rows go through `fp4_panels`
     /// (`generic::Simd::FP4_PANELS_FROM`).
     const FP4_PANELS_FROM: usize;
+    /// Most tokens for which FP4 rows take the fused path (`generic::Simd::FP4_FUSED_MAX`).
+    const FP4_FUSED_MAX: usize;
     /// `Simd::GEMM_PANEL`: columns per panel of `gemm`.
     const GEMM_PANEL: usize;
     /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
@@ -280,10 +282,15 @@ pub(crate) fn matmul<K: Kernel>(
         // weight once for a block of up to TOKEN_BLOCK tokens (FP8: scaling the decoded
         // weights, as a [n, cols] copy of x per task would cost more than it saves)
         let fp4 = matches!(m.w, Weights::Fp4 { .. });
+        const {
+            assert!(K::FP4_FUSED_MAX >= FUSED_MAX && K::FP4_FUSED_MAX <= 16);
+            assert!(K::FP4_PANELS_FROM == usize::MAX || K::FP4_FUSED_MAX == FUSED_MAX);
+        }
+        let fused_max = if fp4 { K::FP4_FUSED_MAX } else { FUSED_MAX };
         if fp4 && n <= FUSED_MAX && n >= K::FP4_PANELS_FROM.max(4) {
             let mut accs = scratch::zeroed(tr.len() * n * K::LANES);
             k.fp4_panels(&view(m, tr.clone()), (&xp, cp, n), (o, n), &mut accs);
-        } else if n <= FUSED_MAX {
+        } else if n <= fused_max {
             let mut v = view(m, tr.clone());
             let scaled;
             let xp: &[f32] = match v.rows {

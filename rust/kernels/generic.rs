@@ -139,6 +139,11 @@ pub(crate) trait Simd: Copy {
     /// Tokens per pass of the fused path for FP4 (1 to 4; see `driver::matmul`). Every
     /// (row, token) result is the same whatever the pass, so this only sets the speed.
     const FP4_PASS: usize = 4;
+    /// Most tokens for which FP4 rows take the fused path (passes of `FP4_PASS`) rather than
+    /// the panel path: 8 (the driver's limit for every format) unless a tier measured its
+    /// passes faster further (at most 16; a tier with `FP4_PANELS_FROM` keeps 8). Every
+    /// (row, token) result is the same on either path, so this only sets the speed.
+    const FP4_FUSED_MAX: usize = 8;
     /// The column (0..G, within its group) that lane k % L of chunk k / L of a decoded FP4
     /// group holds. The default: [L even columns, L odd columns].
     #[inline(always)]
@@ -231,6 +236,8 @@ macro_rules! simd_kernel {
             const FP4_PASS: usize = <$tier as $crate::kernels::generic::Simd>::FP4_PASS;
             const FP4_PANELS_FROM: usize =
                 <$tier as $crate::kernels::generic::Simd>::FP4_PANELS_FROM;
+            const FP4_FUSED_MAX: usize =
+                <$tier as $crate::kernels::generic::Simd>::FP4_FUSED_MAX;
             const GEMM_PANEL: usize = <$tier as $crate::kernels::generic::Simd>::GEMM_PANEL;
 
             fn fp4_col(k: usize) -> usize {

@@ -291,8 +291,9 @@ fn kernels_n_tokens_and_row_ranges_bit_identical_to_single() {
         }) {
             let m = Mat::new(kind, rows, cols, 11);
             let mr = m.mat_ref();
-            // 300: more than two of the prefill path's token blocks, and a partial one
-            for n in [2, 3, 4, 7, 9, 40, 300] {
+            // 13: FP4 fused passes where the tier goes past 8 (`FP4_FUSED_MAX`), 17: past
+            // 16; 300: more than two of the prefill path's token blocks, and a partial one
+            for n in [2, 3, 4, 7, 9, 13, 17, 40, 300] {
                 let xb = make_x(n, cols, n as u64);
                 let x = &xb[1..];
                 let full = run_tier(tier, &mr, 0..rows, x, n);
