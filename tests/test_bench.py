@@ -73,6 +73,9 @@ def test_bench_json_on_tiny_fixture(capsys):
         assert p["ms"] > 0 and p["wait_ms"] >= 0 and p["compute_ms"] >= 0
     assert 0 < r["dense_bytes_per_token"] < 6e6  # tiny-a is ~5.5 MB in all
     assert r["prefill_gflops"] > 0
+    # the prefill's expert reads: their rate over the prefill, and the compute's wait for them
+    assert r["prefill_read_gbs"] * r["prefill_s"] * 1e9 == pytest.approx(r["prefill_disk_bytes"])
+    assert 0 <= r["prefill_wait_s"] <= r["prefill_s"]
 
 
 def _bench_cli(capsys, *args):
@@ -130,6 +133,7 @@ def test_bench_table_prints(capsys):
     r = bench.run_bench(str(TINY_A), prompt_len=3, gen_tokens=2, measure_machine=False, quiet=False)
     out = capsys.readouterr().out
     assert "decode" in out and "hit rate" in out and "peak RSS" in out
+    assert "expert reads" in out and "waited on for" in out
     assert r["fraction_of_limit"] is None  # no bandwidths measured: no limit claimed
 
 

@@ -313,6 +313,11 @@ def run_bench(
         "prefill_tok_s": prefill_tok_s,
         "prefill_hit_rate": _delta(s0, s1, "expert_hits") / pre_req if pre_req else None,
         "prefill_disk_bytes": _delta(s0, s1, "expert_bytes_read"),
+        # the rate the engine's own expert reads reached over the whole prefill, and how long
+        # the compute stood waiting for them: a prefill whose reads ran at the disk's rate
+        # from start to end is bound by the disk, whatever the kernels do
+        "prefill_read_gbs": _delta(s0, s1, "expert_bytes_read") / prefill_s / 1e9,
+        "prefill_wait_s": _delta(s0, s1, "expert_wait_s"),
         "decode_tok_s": decode_tok_s,
         "decode_tok_s_mean": n_dec / sum(p["ms"] for p in per_token) * 1e3,
         "hit_rate": hit_rate,
@@ -440,6 +445,11 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
             )
             if r.get("prefill_kernel_gflops")
             else "n/a",
+        ),
+        (
+            "  expert reads",
+            f"{_fmt_bytes(r['prefill_disk_bytes'])} at {r['prefill_read_gbs']:.2f} GB/s, "
+            f"waited on for {r['prefill_wait_s']:.2f} s",
         ),
         ("cache pre-fault wait", f"{r['prefault_wait_s']:.2f} s (before the prefill)"),
         ("decode (median)", f"{r['decode_tok_s']:.3f} tok/s over {r['decode_tokens']} tokens"),
