@@ -58,8 +58,8 @@ pub struct Ctx<'a> {
     pub cfg: &'a ModelConfig,
     pub rope_main: &'a Rope,
     pub rope_comp: &'a Rope,
-    /// How the FP8 projections meet their inputs (`wo_a` always runs exact: DeepSeek's
-    /// reference computes it in BF16, without activation quantization), and whether the KV
+    /// How the FP8 projections meet their inputs (`wo_a` runs exact except in fast numerics:
+    /// DeepSeek's reference computes it in BF16, without activation quantization), and whether the KV
     /// entries and the indexer's vectors are round-tripped (`Numerics::official`).
     pub numerics: Numerics,
     /// If set, each token's indexer selection (ascending entry indices) is appended here
@@ -173,7 +173,13 @@ impl AttnWeights {
             rope.apply(ot, d, pos0 + t, -1.0);
         }
 
-        // grouped output projection: group g = heads g·NH/G.. → rows g·R.. of wo_a
+        // grouped output projection: group g = heads g·NH/G.. → rows g·R.. of wo_a. DeepSeek
+        // computes wo_a in BF16 without its FP8 activation round trip, so fp8-act and official
+        // leave it exact; fast rounds its input to bf16 as for every FP8/FP4 product.
+        let wo_a_numerics = match cx.numerics {
+            Numerics::Fast => Numerics::Fast,
+            _ => Numerics::Exact,
+        };
         let (g, r) = (c.o_groups, c.o_lora_rank);
         let gw = nh * d / g;
         let mut z = scratch::zeroed(n * g * r);
@@ -183,7 +189,9 @@ impl AttnWeights {
                 xg[t * gw..(t + 1) * gw]
                     .copy_from_slice(&o[t * nh * d + gi * gw..t * nh * d + (gi + 1) * gw]);
             }
-            let y = self.wo_a.forward_rows(gi * r..(gi + 1) * r, &xg, n);
+            let y = self
+                .wo_a
+                .forward_rows_in(wo_a_numerics, gi * r..(gi + 1) * r, &xg, n);
             for t in 0..n {
                 z[t * g * r + gi * r..t * g * r + (gi + 1) * r]
                     .copy_from_slice(&y[t * r..(t + 1) * r]);

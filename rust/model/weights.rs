@@ -58,10 +58,16 @@ impl Linear {
         y
     }
 
-    /// y[n, rows.len()] for a row sub-range.
-    pub fn forward_rows(&self, rows: Range<usize>, x: &[f32], n: usize) -> Buf {
+    /// y[n, rows.len()] for a row sub-range, in the given numerics (`kernels::matmul_in`).
+    pub fn forward_rows_in(
+        &self,
+        numerics: Numerics,
+        rows: Range<usize>,
+        x: &[f32],
+        n: usize,
+    ) -> Buf {
         let mut y = scratch::zeroed(n * rows.len());
-        kernels::matmul(&self.mat(), rows, x, n, &mut y);
+        kernels::matmul_in(numerics, &self.mat(), rows, x, n, &mut y);
         y
     }
 
