@@ -59,8 +59,9 @@ pub struct Ctx<'a> {
     pub rope_main: &'a Rope,
     pub rope_comp: &'a Rope,
     /// How the FP8 projections meet their inputs (`wo_a` runs exact except in fast numerics:
-    /// DeepSeek's reference computes it in BF16, without activation quantization), and whether the KV
-    /// entries and the indexer's vectors are round-tripped (`Numerics::official`).
+    /// DeepSeek's reference computes it in BF16, without activation quantization), and
+    /// whether the KV entries and the indexer's vectors are round-tripped
+    /// (`Numerics::official`).
     pub numerics: Numerics,
     /// If set, each token's indexer selection (ascending entry indices) is appended here
     /// (CSA layers only; for tests and measurements, `Model::layer_probe`).
