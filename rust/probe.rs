@@ -90,10 +90,47 @@ pub fn mem_read_gbs(bytes: usize, threads: usize, reps: usize) -> Result<f64> {
     Ok(best)
 }
 
-/// GB/s of sequential direct-I/O reads of up to `bytes` from `path` (buffered where the file
-/// system refuses direct I/O; the second value says which was used).
-pub fn disk_read_gbs(path: &Path, bytes: usize) -> Result<(f64, bool)> {
+/// The most readers the disk probe starts (the engine keeps at most 32 reads in flight).
+pub const MAX_READERS: usize = 64;
+
+/// Bytes of one probe read.
+const DISK_CHUNK: usize = 8 << 20;
+
+/// GB/s of direct-I/O reads of up to `bytes` from the start of `path`, in 8 MiB reads, with
+/// `readers` of them in flight at once (buffered where the file system refuses direct I/O;
+/// the second value says which was used). One reader measures the disk read after read;
+/// several read the way the engine streams experts (many reads in flight), which is what
+/// an SSD needs to reach its rated speed. Each reader takes the next unread 8 MiB of the
+/// range, so the range is read once whatever `readers` is.
+pub fn disk_read_gbs(path: &Path, bytes: usize, readers: usize) -> Result<(f64, bool)> {
+    let r = disk_read(path, bytes, readers)?;
+    let gbs = if r.bytes == 0 {
+        0.0
+    } else {
+        r.bytes as f64 / r.secs / 1e9
+    };
+    Ok((gbs, r.direct))
+}
+
+/// What one disk probe read.
+struct DiskRead {
+    /// Bytes read.
+    bytes: usize,
+    /// Seconds from the first read's start to the last one's end.
+    secs: f64,
+    /// Whether direct I/O was used throughout.
+    direct: bool,
+}
+
+/// The disk probe's reads (see `disk_read_gbs`).
+fn disk_read(path: &Path, bytes: usize, readers: usize) -> Result<DiskRead> {
     use crate::store::io::{IoMode, ShardFile};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    if readers == 0 || readers > MAX_READERS {
+        return Err(Error::arg(format!(
+            "readers must be between 1 and {MAX_READERS}, got {readers}"
+        )));
+    }
     let name = path
         .file_name()
         .map(|s| s.to_string_lossy().to_string())
@@ -103,34 +140,60 @@ pub fn disk_read_gbs(path: &Path, bytes: usize) -> Result<(f64, bool)> {
         .map_err(|e| Error::io(path, "stat", e))?
         .len();
     let len = usize::try_from(len).unwrap_or(usize::MAX);
-    let chunk = 8 << 20;
+    let chunk = DISK_CHUNK;
     // never more than the file holds, however large `bytes` is
     let total = bytes.min(len.saturating_sub(chunk)).max(chunk.min(len));
-    let region = crate::store::region::Region::new(chunk + 8192, 1)
+    // one slot per reader, with room for the direct-I/O envelope's alignment
+    let region = crate::store::region::Region::new(chunk + 8192, readers)
         .map_err(|e| Error::Memory(e.to_string()))?;
-    region.claim(0);
-    let t0 = Instant::now();
-    let mut off = 0usize;
-    let mut done = 0usize;
-    while done < total {
-        let n = chunk.min(len - off);
-        if n == 0 {
-            break;
-        }
-        // SAFETY: the one-slot region is private to this function (no pre-fault thread runs
-        // on it), so this is the only reference to its bytes.
-        let buf = unsafe { region.range_mut(0, 0, region.slot_size) };
-        f.read_into(buf, off as u64, n)?;
-        off += n;
-        done += n;
+    for r in 0..readers {
+        region.claim(r);
     }
-    let dt = t0.elapsed().as_secs_f64();
-    let gbs = if done == 0 {
-        0.0
-    } else {
-        done as f64 / dt / 1e9
-    };
-    Ok((gbs, f.is_direct()))
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let spawned: Vec<_> = (0..readers)
+            .map(|r| {
+                let (f, region, next, done) = (&f, &region, &next, &done);
+                std::thread::Builder::new()
+                    .name(format!("v4flash-probe-{r}"))
+                    .spawn_scoped(s, move || -> Result<()> {
+                        // SAFETY: slot r of the region (private to this function, with no
+                        // pre-fault thread on it) is used by reader r alone, so this is the
+                        // only reference to its bytes while the scope lasts.
+                        let buf = unsafe { region.range_mut(r, 0, region.slot_size) };
+                        loop {
+                            let off = next.fetch_add(chunk, Ordering::Relaxed);
+                            if off >= total {
+                                return Ok(());
+                            }
+                            let n = chunk.min(total - off);
+                            f.read_into(buf, off as u64, n)?;
+                            done.fetch_add(n, Ordering::Relaxed);
+                        }
+                    })
+            })
+            .collect();
+        spawned
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::System("a disk probe reader panicked".into()))),
+                Err(e) => Err(Error::System(format!(
+                    "cannot start a disk probe reader: {e}"
+                ))),
+            })
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(DiskRead {
+        bytes: done.load(Ordering::Relaxed),
+        secs,
+        direct: f.is_direct(),
+    })
 }
 
 /// GFLOP/s of independent FMA chains on `threads` threads (register-only), on the active
@@ -153,4 +216,69 @@ pub fn fma_peak_gflops(threads: usize) -> Result<f64> {
     });
     let dt = t0.elapsed().as_secs_f64();
     Ok(flops as f64 / dt / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A file of `len` bytes in a fresh temporary directory.
+    fn file_of(len: usize, tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("v4flash-probe-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("shard.bin");
+        let mut f = std::fs::File::create(&path).expect("create");
+        let block: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(block.len());
+            f.write_all(&block[..n]).expect("write");
+            left -= n;
+        }
+        (dir, path)
+    }
+
+    #[test]
+    fn disk_probe_reads_the_range_once_whatever_the_readers() {
+        // not a multiple of the 8 MiB read, so the last read is short
+        let len = 3 * DISK_CHUNK + 12_345;
+        let (dir, path) = file_of(len, "range");
+        // the probe keeps one read's worth off the end of a large file
+        let want = len - DISK_CHUNK;
+        for readers in [1, 2, 3, 8] {
+            let r = disk_read(&path, usize::MAX, readers).expect("probe");
+            assert_eq!(r.bytes, want, "{readers} readers");
+            assert!(r.secs > 0.0);
+            // a smaller range is read exactly, in 8 MiB reads and a short one
+            let r = disk_read(&path, DISK_CHUNK + 4096, readers).expect("probe");
+            assert_eq!(r.bytes, DISK_CHUNK + 4096, "{readers} readers");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn disk_probe_reads_a_small_file_whole() {
+        let (dir, path) = file_of(100_000, "small");
+        for readers in [1, 4] {
+            assert_eq!(
+                disk_read(&path, 1 << 30, readers).expect("probe").bytes,
+                100_000
+            );
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn disk_probe_refuses_no_readers_and_too_many() {
+        let (dir, path) = file_of(4096, "readers");
+        for readers in [0, MAX_READERS + 1] {
+            let e = disk_read_gbs(&path, 4096, readers).expect_err("refused");
+            assert!(
+                e.to_string().contains("readers must be between 1 and"),
+                "{e}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

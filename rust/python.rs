@@ -275,11 +275,17 @@ fn mem_read_gbs(
         .map_err(to_py)
 }
 
-/// Sequential read bandwidth of a file in GB/s with direct I/O: (GB/s, direct_used).
+/// Read bandwidth of a file in GB/s with direct I/O, in 8 MiB reads with `readers` of them
+/// in flight: (GB/s, direct_used).
 #[pyfunction]
-#[pyo3(signature = (path, nbytes=1 << 30))]
-fn disk_read_gbs(py: Python<'_>, path: PathBuf, nbytes: usize) -> PyResult<(f64, bool)> {
-    py.detach(|| crate::probe::disk_read_gbs(&path, nbytes))
+#[pyo3(signature = (path, nbytes=1 << 30, readers=1))]
+fn disk_read_gbs(
+    py: Python<'_>,
+    path: PathBuf,
+    nbytes: usize,
+    readers: usize,
+) -> PyResult<(f64, bool)> {
+    py.detach(|| crate::probe::disk_read_gbs(&path, nbytes, readers))
         .map_err(to_py)
 }
 

@@ -25,6 +25,8 @@ JSON_KEYS = (
     "peak_rss_gb",
     "mem_read_gbs",
     "disk_read_gbs",
+    "disk_read_gbs_one_reader",
+    "disk_read_gbs_parallel",
     "limit_decode_tok_s",
     "fraction_of_limit",
 )
@@ -65,6 +67,7 @@ def test_bench_json_on_tiny_fixture(capsys):
         assert isinstance(r[k], (int, float)) and math.isfinite(r[k]), (k, r[k])
     for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_gb", "mem_read_gbs", "disk_read_gbs"):
         assert r[k] > 0, k
+    assert r["disk_read_gbs"] == max(r["disk_read_gbs_one_reader"], r["disk_read_gbs_parallel"])
     assert 0 <= r["hit_rate"] <= 1
     assert r["disk_bytes_per_token"] >= 0
     assert r["limit_decode_tok_s"] > 0 and r["fraction_of_limit"] > 0

@@ -609,13 +609,15 @@ def machine_checks(
         rows.append(("warn", "disk", "no shard to read: the disk speed is not measured"))
     else:
         try:
-            disk, direct = _core.disk_read_gbs(str(shard), DISK_PROBE_BYTES)
+            one, many, direct = bench.disk_probe(shard, DISK_PROBE_BYTES)
+            disk = max(one, many)
             size = os.stat(shard).st_size
             read = min(size, DISK_PROBE_BYTES)
             fs = filesystem_of(shard)
             text = (
                 f"{'direct' if direct else 'buffered'} reads at {disk:.2f} GB/s "
-                f"({shard.name}, {_gb(read)}, 8 MiB reads one at a time)"
+                f"({shard.name}, {_gb(read)} in 8 MiB reads: {one:.2f} GB/s one at a time, "
+                f"{many:.2f} GB/s {bench.DISK_READERS} in flight)"
                 + (f" on {fs}" if fs else "")
                 + (" (a small file: a rough figure)" if size < (256 << 20) else "")
             )
