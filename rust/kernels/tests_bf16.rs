@@ -119,8 +119,9 @@ fn bf16_matches_the_instruction_twin_bit_for_bit() {
         let m = Mat::new(kind, rows, cols, 7);
         let mr = m.mat_ref();
         // 1 to 16 tokens take the fused path (in passes above 8), more `gemm` with each
-        // remainder tile (19 to 23 tokens)
-        for n in [1, 2, 3, 5, 7, 13, 16, 19, 20, 21, 22, 23] {
+        // remainder tile (19 to 23 tokens), in token blocks of 128 (one whole block, a
+        // block and one token, two blocks and a remainder tile)
+        for n in [1, 2, 3, 5, 7, 13, 16, 19, 20, 21, 22, 23, 128, 129, 262] {
             let xb = make_x(n, cols, 3 + n as u64);
             let x = &xb[1..];
             let y = run_bf16(&mr, 0..rows, x, n).unwrap();
@@ -187,7 +188,7 @@ fn bf16_is_bit_identical_across_threads_tokens_and_row_ranges() {
     for (kind, rows, cols) in [(Kind::Fp8, 261, 200), (Kind::Fp4, 19, 1056)] {
         let m = Mat::new(kind, rows, cols, 13);
         let mr = m.mat_ref();
-        for n in [2, 7, 40] {
+        for n in [2, 7, 40, 140] {
             let xb = make_x(n, cols, 40 + n as u64);
             let x = &xb[1..];
             let full = run_bf16(&mr, 0..rows, x, n).unwrap();
