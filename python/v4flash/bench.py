@@ -151,8 +151,8 @@ def mem_read_gbs(nbytes: int = 1 << 30, threads: Optional[int] = None) -> Tuple[
 
 
 #: Reads the parallel disk probe keeps in flight: as many as the engine's pread workers
-#: (io_uring keeps up to 32 expert reads in flight, 8 expert tensors' worth is enough to
-#: show whether the disk needs a queue).
+#: (its io_uring path keeps up to 32; 8 are enough to show whether the disk needs a queue
+#: to reach its speed).
 DISK_READERS = 8
 
 
