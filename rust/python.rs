@@ -719,6 +719,7 @@ impl PyModel {
         d.set_item("kernel_s", kns as f64 * 1e-9)?;
         d.set_item("kernel_gflop", kflops as f64 * 1e-9)?;
         d.set_item("prefaulted_slots", m.experts.prefaulted())?;
+        d.set_item("prefault_running", m.experts.prefault_running())?;
         d.set_item("warm_slots", m.experts.warm_slots())?;
         d.set_item("threads", m.threads)?;
         Ok(d)

@@ -137,6 +137,7 @@ def test_bench_table_prints(capsys):
     out = capsys.readouterr().out
     assert "decode" in out and "hit rate" in out and "peak RSS" in out
     assert "expert reads" in out and "waited on for" in out
+    assert "time to first token" in out and "cold:" not in out
     assert r["fraction_of_limit"] is None  # no bandwidths measured: no limit claimed
 
 
@@ -349,3 +350,42 @@ def test_check_routing_cli(ms, tiny_synth, capsys):
     assert ms.main(["--check-routing", str(out)]) == 0
     text = capsys.readouterr().out
     assert "hash" in text and "learned" in text and "zipf s" in text
+
+
+# --- the pre-fault wait and the cold start ---------------------------------------------------
+
+
+def _bench_json(capsys, *extra):
+    bench.main(
+        ["--model", str(TINY_A), "--prompt", "5", "--gen", "2", "--json", "--no-machine"]
+        + list(extra)
+    )
+    return json.loads(capsys.readouterr().out)
+
+
+def test_bench_waits_for_the_prefault_before_the_prompt(capsys):
+    r = _bench_json(capsys)
+    assert r["cold"] is False
+    # every slot was pre-faulted when the prompt went in
+    assert r["prefaulted_at_prompt"] == r["expert_slots"] > 0
+    # the first token comes from the prefill's logits
+    assert r["ttft_s"] >= r["prefill_s"] > 0
+
+
+def test_bench_cold_sends_the_prompt_right_after_load(capsys):
+    r = _bench_json(capsys, "--cold")
+    assert r["cold"] is True
+    assert 0 <= r["prefaulted_at_prompt"] <= r["expert_slots"]
+    assert r["ttft_s"] >= r["prefill_s"] > 0
+    assert r["decode_tokens"] == 2
+    bench.run_bench(str(TINY_A), prompt_len=3, gen_tokens=1, measure_machine=False, cold=True)
+    assert "(cold: sent right after load" in capsys.readouterr().out
+
+
+def test_bench_does_not_wait_for_a_prefault_that_never_runs(capsys, monkeypatch):
+    """With V4FLASH_PREFAULT=0 no slot is ever pre-faulted; the bench must not wait for one
+    (it used to poll the counter until its 600 s guard)."""
+    monkeypatch.setenv("V4FLASH_PREFAULT", "0")
+    r = _bench_json(capsys)
+    assert r["prefaulted_at_prompt"] == 0 < r["expert_slots"]
+    assert not any("pre-fault" in n for n in r["notes"]), r["notes"]

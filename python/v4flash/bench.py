@@ -237,9 +237,11 @@ def run_bench(
     disk_bytes: int = 1 << 30,
     load_kw: Optional[Dict[str, Any]] = None,
     quiet: bool = False,
+    cold: bool = False,
 ) -> Dict[str, Any]:
     """Runs the benchmark; prints the table (or JSON with ``json_out``) unless ``quiet``, and
-    returns the results dict."""
+    returns the results dict. ``cold`` sends the prompt right after ``load``, without waiting
+    for the expert cache's pre-fault: the time to first token of a fresh process."""
     from . import load, load_config
 
     if prompt_len < 1 or gen_tokens < 1:
@@ -258,18 +260,18 @@ def run_bench(
     rss_after_load = peak_rss_gb()
 
     # The expert cache's slots are pre-faulted in the background at idle priority (first-touch
-    # zeroing costs ~1 s per GB on some VMs). Wait for it so the prefill below measures the
-    # engine, and report the wait separately.
+    # zeroing costs ~1 s per GB on some VMs). Unless the run is cold, wait for it to end (it
+    # may not run at all: V4FLASH_PREFAULT=0) so the prefill below measures the engine, and
+    # report the wait separately.
+    prompt, prompt_kind = make_prompt(path, prompt_len, cfg.vocab_size)
     t = time.perf_counter()
-    slots = int(model.stats().get("expert_slots", 0) or 0)
-    while int(model.stats().get("prefaulted_slots", slots) or 0) < slots:
+    while not cold and model.stats().get("prefault_running"):
         if time.perf_counter() - t > 600:
             notes.append("cache pre-fault did not finish within 600 s")
             break
         time.sleep(0.05)
     prefault_s = time.perf_counter() - t
 
-    prompt, prompt_kind = make_prompt(path, prompt_len, cfg.vocab_size)
     sess = model.session()
     s0 = model.stats()
     t = time.perf_counter()
@@ -282,6 +284,7 @@ def run_bench(
     per_token: List[Dict[str, float]] = []
     it = sess.stream([], max_new_tokens=gen_tokens + 1, temperature=0.0, stop_ids=[])
     next(it)
+    ttft_s = time.perf_counter() - t
     prev = model.stats()
     t = time.perf_counter()
     out_ids: List[int] = []
@@ -330,6 +333,11 @@ def run_bench(
         "prompt_kind": prompt_kind,
         "decode_tokens": n_dec,
         "load_s": load_s,
+        "cold": cold,
+        # slots pre-faulted when the prompt was sent (all of them, unless the run is cold or
+        # the pre-fault is off)
+        "prefaulted_at_prompt": int(s0.get("prefaulted_slots") or 0),
+        "ttft_s": ttft_s,
         "prefill_s": prefill_s,
         "prefill_tok_s": prefill_tok_s,
         "prefill_hit_rate": _delta(s0, s1, "expert_hits") / pre_req if pre_req else None,
@@ -446,6 +454,16 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
         ("kernels / numerics / threads", f"{r['kernel_tier']} / {numerics} / {r['threads']}"),
         ("RAM budget / expert slots", f"{ram} / {r.get('expert_slots')}"),
         ("load", f"{r['load_s']:.2f} s"),
+        (
+            "time to first token",
+            f"{r['ttft_s']:.2f} s"
+            + (
+                f" (cold: sent right after load, {r['prefaulted_at_prompt']} of "
+                f"{r.get('expert_slots')} cache slots pre-faulted)"
+                if r.get("cold")
+                else ""
+            ),
+        ),
         (
             "prefill",
             f"{r['prefill_tok_s']:.2f} tok/s ({r['prompt_tokens']} tokens, {r['prompt_kind']})",
@@ -695,6 +713,7 @@ def bench_command(path: Path, a: Any) -> int:
         mem_bytes=int(a.mem_gb * (1 << 30)),
         disk_bytes=int(a.disk_gb * (1 << 30)),
         load_kw=load_kw,
+        cold=a.cold,
     )
     return 0
 

@@ -218,6 +218,12 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         "would get under this RAM budget (for short synthetic checkpoints)",
     )
     g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.add_argument(
+        "--cold",
+        action="store_true",
+        help="send the prompt right after load, without waiting for the expert cache's "
+        "pre-fault (the time to first token of a fresh process)",
+    )
     g.add_argument("--no-machine", action="store_true", help="skip the bandwidth probes")
     g.add_argument("--no-fma", action="store_true", help="skip the FMA peak probe")
     g.add_argument(

@@ -549,7 +549,7 @@ def machine_checks(
     checkpoint's own disk (on ``shard``, its largest file), io_uring and O_DIRECT, memory
     bandwidth, and the decode speed ``bench --predict``'s formula expects for the full model at
     this ``--ram`` (else ``room_bytes``, the room the planner would take) on this machine."""
-    from . import _core, bench
+    from . import bench
 
     rows: List[Tuple[str, str, str]] = []
     cores = usable_cores()

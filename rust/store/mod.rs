@@ -231,6 +231,14 @@ impl ExpertStore {
         }
     }
 
+    /// Whether the background pre-fault is still running.
+    pub fn prefault_running(&self) -> bool {
+        match &self.backend {
+            Backend::Slots(s) => s.sh.region.prefaulting(),
+            Backend::Mmap(_) => false,
+        }
+    }
+
     /// Slots touched already (pre-faulted, or claimed by a read).
     pub fn warm_slots(&self) -> usize {
         match &self.backend {

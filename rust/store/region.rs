@@ -149,6 +149,12 @@ impl Region {
         true
     }
 
+    /// Whether the background pre-fault is running (false once it has ended, and when it was
+    /// never started: `V4FLASH_PREFAULT=0`).
+    pub fn prefaulting(&self) -> bool {
+        self.prefaulting.load(Ordering::Acquire)
+    }
+
     /// Slots that are DONE (pre-faulted, or claimed by the store).
     pub fn warm_slots(&self) -> usize {
         self.warm.load(Ordering::Acquire)
