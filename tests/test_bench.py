@@ -79,6 +79,9 @@ def test_bench_json_on_tiny_fixture(capsys):
     # the prefill's expert reads: their rate over the prefill, and the compute's wait for them
     assert r["prefill_read_gbs"] * r["prefill_s"] * 1e9 == pytest.approx(r["prefill_disk_bytes"])
     assert 0 <= r["prefill_wait_s"] <= r["prefill_s"]
+    # tiny-a has a tokenizer: the prompt is text, and no note about random ids
+    assert r["prompt_kind"] == "tokenizer text"
+    assert not any("random token ids" in n for n in r["notes"]), r["notes"]
 
 
 def _bench_cli(capsys, *args):
@@ -343,6 +346,9 @@ def test_synthetic_checkpoint_runs(tiny_synth):
     assert len(toks) == 40 and len(set(toks)) > 3
     r = bench.run_bench(str(out), prompt_len=4, gen_tokens=2, measure_machine=False, quiet=True)
     assert 0 <= r["hit_rate"] <= 1
+    # a tiny vocabulary gets no tokenizer: the prompt is random ids, and the bench says so
+    assert r["prompt_kind"] == "random ids"
+    assert any("random token ids" in n for n in r["notes"]), r["notes"]
 
 
 def test_check_routing_cli(ms, tiny_synth, capsys):
