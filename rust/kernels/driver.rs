@@ -336,29 +336,10 @@ pub(crate) fn matmul<K: Kernel>(
             let mut pbuf = scratch::zeroed(GROUP * ps);
             // the micro-kernel's accumulators, once per task (not once per row group)
             let mut accs = scratch::zeroed(GROUP * nb * K::LANES);
-            let mut ob = scratch::zeroed(if nb < n { GROUP * nb } else { 0 });
-            let mut t0 = 0;
-            while t0 < n {
-                let nt = nb.min(n - t0);
+            token_blocks(tr, n, nb, o, |(t0, nt), g, oo| {
                 let xb = (&xp[t0 * cp..(t0 + nt) * cp], cp, nt);
-                let mut g0 = tr.start;
-                while g0 < tr.end {
-                    let g1 = (g0 + GROUP).min(tr.end);
-                    let (gl, r0) = (g1 - g0, g0 - tr.start);
-                    if nt == n {
-                        let oo = &mut o[r0 * n..(r0 + gl) * n];
-                        k.gemm(&view(m, g0..g1), xb, oo, &mut accs, &mut pbuf);
-                    } else {
-                        let oo = &mut ob[..gl * nt];
-                        k.gemm(&view(m, g0..g1), xb, oo, &mut accs, &mut pbuf);
-                        for (r, v) in oo.chunks_exact(nt).enumerate() {
-                            o[(r0 + r) * n + t0..][..nt].copy_from_slice(v);
-                        }
-                    }
-                    g0 = g1;
-                }
-                t0 += nt;
-            }
+                k.gemm(&view(m, g), xb, oo, &mut accs, &mut pbuf);
+            });
         }
         if post != 1.0 {
             for v in o.iter_mut() {
@@ -366,6 +347,41 @@ pub(crate) fn matmul<K: Kernel>(
             }
         }
     });
+}
+
+/// The panel paths' loop over a task's rows `tr` and n tokens: token blocks of at most `nb`
+/// tokens, and in each block every group of GROUP rows in order. `f((t0, nt), rows, out)`
+/// computes that group's [rows.len(), nt] outputs for tokens t0..t0 + nt into `out`, which
+/// is `o`'s own rows when one block covers all n tokens, else a buffer whose rows are then
+/// copied into `o`'s columns t0..t0 + nt (`o`: the task's [tr.len(), n] block).
+pub(super) fn token_blocks(
+    tr: &Range<usize>,
+    n: usize,
+    nb: usize,
+    o: &mut [f32],
+    mut f: impl FnMut((usize, usize), Range<usize>, &mut [f32]),
+) {
+    let mut ob = scratch::zeroed(if nb < n { GROUP * nb } else { 0 });
+    let mut t0 = 0;
+    while t0 < n {
+        let nt = nb.min(n - t0);
+        let mut g0 = tr.start;
+        while g0 < tr.end {
+            let g1 = (g0 + GROUP).min(tr.end);
+            let (gl, r0) = (g1 - g0, g0 - tr.start);
+            if nt == n {
+                f((t0, nt), g0..g1, &mut o[r0 * n..(r0 + gl) * n]);
+            } else {
+                let oo = &mut ob[..gl * nt];
+                f((t0, nt), g0..g1, oo);
+                for (r, v) in oo.chunks_exact(nt).enumerate() {
+                    o[(r0 + r) * n + t0..][..nt].copy_from_slice(v);
+                }
+            }
+            g0 = g1;
+        }
+        t0 += nt;
+    }
 }
 
 /// y [n, nr] (nr = the rows the tasks cover, from `row0`) by running `f(rows, out)` for each

@@ -28,7 +28,7 @@
 //! scale, then `vcvtne2ps2bf16`; the `* 256` is applied to the sum, exactly. FP4 weights
 //! are one `vpermw` of the nibbles into the E2M1 table times the block scale, in bf16.
 
-use super::super::driver::{run_tasks, task_split, view, Rows, RowsView, GROUP};
+use super::super::driver::{run_tasks, task_split, token_blocks, view, Rows, RowsView, GROUP};
 use super::super::generic::{prefetch_next, Simd};
 use super::super::{MatRef, Weights};
 use super::Avx512;
@@ -574,36 +574,13 @@ pub(crate) fn matmul(b: Bf16, m: &MatRef, rows: Range<usize>, x: &[f32], n: usiz
                 let nb = n.min(TOKEN_BLOCK);
                 let mut wbuf = vec![0u16; GROUP * stride];
                 let mut accs = scratch::zeroed(GROUP * nb * 16);
-                let mut ob = scratch::zeroed(if nb < n { GROUP * nb } else { 0 });
-                let mut t0 = 0;
-                while t0 < n {
-                    let nt = nb.min(n - t0);
+                token_blocks(tr, n, nb, o, |(t0, nt), g, oo| {
+                    let gl = g.len();
                     let xt = &xb[t0 * stride..(t0 + nt) * stride];
-                    let mut g0 = tr.start;
-                    while g0 < tr.end {
-                        let g1 = (g0 + GROUP).min(tr.end);
-                        let (gl, r0) = (g1 - g0, g0 - tr.start);
-                        decode(
-                            a,
-                            &view(m, g0..g1),
-                            stride,
-                            &mut wbuf[..gl * stride],
-                            &tables,
-                        );
-                        let w = (&wbuf[..gl * stride], gl, nch, stride);
-                        if nt == n {
-                            gemm(a, w, (xt, nt), &mut o[r0 * n..(r0 + gl) * n], &mut accs);
-                        } else {
-                            let oo = &mut ob[..gl * nt];
-                            gemm(a, w, (xt, nt), oo, &mut accs);
-                            for (r, v) in oo.chunks_exact(nt).enumerate() {
-                                o[(r0 + r) * n + t0..][..nt].copy_from_slice(v);
-                            }
-                        }
-                        g0 = g1;
-                    }
-                    t0 += nt;
-                }
+                    decode(a, &view(m, g), stride, &mut wbuf[..gl * stride], &tables);
+                    let w = (&wbuf[..gl * stride], gl, nch, stride);
+                    gemm(a, w, (xt, nt), oo, &mut accs);
+                });
             }
         }
         if post != 1.0 {
