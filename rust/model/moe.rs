@@ -136,8 +136,9 @@ impl MoeWeights {
 
     /// y: [n, H] normed inputs; ids: the n token ids. Returns [n, H] and the distinct
     /// experts used, ascending. `next`: the next layer and experts it is known to need (a
-    /// hash layer), prefetched into the slots left free once this layer's last wave is
-    /// pinned, so their reads overlap this layer's last experts and the next attention.
+    /// hash layer), prefetched during this layer's last wave into the slots it leaves free
+    /// and into each slot its experts give back once computed (as each wave does for the
+    /// next wave), so their reads overlap this layer's last experts and the next attention.
     ///
     /// Runs on the caller's thread, never on `pool`: waiting for experts (`acquire`,
     /// `wait_any`) happens here, and only pure compute is handed to the pool, so no pool
@@ -177,16 +178,19 @@ impl MoeWeights {
         let mut started = vec![false; n];
         let mut shared = None;
         let batch = store.max_batch().max(1);
-        let waves = distinct.len().div_ceil(batch);
-        for (w, wave) in distinct.chunks(batch).enumerate() {
+        let wave_list: Vec<&[usize]> = distinct.chunks(batch).collect();
+        for (w, &wave) in wave_list.iter().enumerate() {
             // holds no pins here: the previous wave's were dropped at the end of its loop
             let mut pins = store.acquire(layer, wave)?;
-            if w + 1 == waves {
-                if let Some((nl, es)) = next {
-                    // only this layer's computed experts and older entries are unpinned now
-                    store.prefetch(nl, es);
-                }
-            }
+            // what comes after this wave: the next wave, or after the last one the next
+            // layer's experts where they are known. Read into the slots left free now, then
+            // into each slot this wave's experts give back once computed, so the disk keeps
+            // reading while the wave's last experts are computed and the next attention runs.
+            let upcoming = match wave_list.get(w + 1) {
+                Some(&nw) => Some((layer, nw)),
+                None => next,
+            };
+            let mut upcoming_done = upcoming.is_none_or(|(nl, es)| store.prefetch(nl, es));
             let mut first = shared.is_none();
             loop {
                 // the first time, what is cached already (perhaps nothing) goes with the
@@ -218,6 +222,15 @@ impl MoeWeights {
                 };
                 for ((e, _), o) in views.iter().zip(ys) {
                     outs[*e] = Some(o);
+                }
+                drop(views);
+                if !ready.is_empty() {
+                    for &i in &ready {
+                        pins[i].release();
+                    }
+                    if let (false, Some((nl, es))) = (upcoming_done, upcoming) {
+                        upcoming_done = store.prefetch(nl, es);
+                    }
                 }
             }
             drop(pins);

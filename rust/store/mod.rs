@@ -104,8 +104,8 @@ pub struct ExpertStore {
     pub policy: Policy,
 }
 
-/// A pinned expert: its slot cannot be evicted until the pin is dropped. Its weights can be
-/// viewed once `wait_ready` (or `take_ready`) has returned it.
+/// A pinned expert: its slot cannot be evicted until the pin is released or dropped. Its
+/// weights can be viewed once `wait_ready` (or `take_ready`) has returned it, until then.
 pub struct Pin<'a> {
     store: &'a ExpertStore,
     /// the slot (slot backend) or the expert key (mmap backend)
@@ -113,6 +113,21 @@ pub struct Pin<'a> {
     key: u32,
     pub expert: usize,
     ready: bool,
+    /// still pinned (cleared by `release`)
+    held: bool,
+}
+
+impl Pin<'_> {
+    /// Unpins now rather than at drop, once the caller is done with the expert's weights:
+    /// its slot may then be given to another expert (a prefetch of what comes next) while
+    /// the rest of the wave is still read or computed. A released pin can no longer be
+    /// viewed, and `wait_ready` never returns it (it was returned already, or is abandoned).
+    pub fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.ready = true;
+            self.store.unpin(self.slot);
+        }
+    }
 }
 
 /// An expert's weights, borrowed from its slot (or from the mapped shard).
@@ -345,6 +360,7 @@ impl ExpertStore {
                 key,
                 expert,
                 ready: false,
+                held: true,
             })
             .collect())
     }
@@ -356,13 +372,19 @@ impl ExpertStore {
 
     /// Starts reading experts that will be needed soon (hash layers: known from the token id)
     /// without pinning them; skipped when no slot can be given up now or a caller waits.
-    pub fn prefetch(&self, layer: usize, experts: &[usize]) {
-        if let Backend::Slots(s) = &self.backend {
-            let Ok(keys) = self.keys(layer, experts) else {
-                return;
-            };
-            let jobs = s.sh.prefetch(&keys);
-            s.send(jobs);
+    /// Returns whether every one of them is now cached or being read (always for mmap),
+    /// so a caller can call again, as slots come free, only while that is not so.
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) -> bool {
+        match &self.backend {
+            Backend::Slots(s) => {
+                let Ok(keys) = self.keys(layer, experts) else {
+                    return true;
+                };
+                let (jobs, all) = s.sh.prefetch(&keys);
+                s.send(jobs);
+                all
+            }
+            Backend::Mmap(_) => true,
         }
     }
 
@@ -435,9 +457,9 @@ impl ExpertStore {
 
     /// The weights behind a pin that `wait_ready` or `take_ready` has returned.
     pub fn view<'p>(&'p self, pin: &'p Pin<'_>) -> Result<ExpertView<'p>> {
-        if !pin.ready || !std::ptr::eq(pin.store, self) {
+        if !pin.ready || !pin.held || !std::ptr::eq(pin.store, self) {
             return Err(Error::arg(
-                "internal: an expert was viewed before wait_ready returned it",
+                "internal: an expert was viewed before wait_ready returned it, or after its release",
             ));
         }
         let mut parts: [&[u8]; 6] = [&[]; 6];
@@ -547,7 +569,7 @@ impl SlotStore {
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        self.store.unpin(self.slot);
+        self.release();
     }
 }
 

@@ -14,7 +14,8 @@
 //!    waits it holds no pins, so it never keeps slots another waiter needs.
 //! 2. **A holder never waits on the cache.** Pins are held only while computing and while
 //!    waiting for the wave's own reads, which the I/O threads finish whatever the callers
-//!    do. Pins are dropped before the next `acquire`. Compute runs on the model's thread
+//!    do. Pins are dropped (or released one by one, `Pin::release`, as each expert is
+//!    computed) before the next `acquire`. Compute runs on the model's thread
 //!    pool, whose workers never call into the store (the forward pass waits for experts on
 //!    the caller's own thread, see `model::Model::forward`), so a pool worker that picks up
 //!    another call's work while waiting can never end up blocked on this cache either.
@@ -387,19 +388,20 @@ impl Shared {
 
     /// Takes slots for experts that will be needed soon, without pinning them; skipped
     /// (returns no jobs) while a caller waits for slots, and stops at the first expert
-    /// that would need a slot nobody can give up now.
-    pub fn prefetch(&self, keys: &[u32]) -> Vec<Job> {
+    /// that would need a slot nobody can give up now. Also returns whether every key is
+    /// now in the cache (ready or being read).
+    pub fn prefetch(&self, keys: &[u32]) -> (Vec<Job>, bool) {
         let mut g = self.lock();
         let mut jobs = Vec::new();
         if !g.queue.is_empty() {
-            return jobs;
+            return (jobs, false);
         }
         for &key in keys {
             if g.map.contains_key(&key) {
                 continue;
             }
             let Some(s) = self.take_slot(&mut g, keys, false) else {
-                break;
+                return (jobs, false);
             };
             g.tick += 1;
             let (tick, token) = (g.tick, g.token);
@@ -407,7 +409,7 @@ impl Shared {
             self.policy.touch(&mut g.slots[s].usage, token, tick);
             self.counters.prefetches.fetch_add(1, Ordering::Relaxed);
         }
-        jobs
+        (jobs, true)
     }
 
     /// Jobs that could not be sent (the I/O threads are gone): fail them so no slot stays

@@ -205,6 +205,36 @@ fn cached_experts_are_ready_at_once_and_each_pin_is_returned_once() {
 }
 
 #[test]
+fn a_released_pin_gives_its_slot_to_a_prefetch_and_cannot_be_viewed() {
+    within(60, || {
+        for io in [IoMode::Direct, IoMode::Buffered] {
+            let (st, ck) = open("tiny-a", io, 3, false);
+            let mut pins = st.acquire(1, &[0, 1, 2]).unwrap();
+            while !st.wait_ready(&mut pins).unwrap().is_empty() {}
+            // every slot pinned: the prefetch gets nothing and says so
+            assert!(!st.prefetch(2, &[3]));
+            assert_eq!(st.counters().prefetches.load(Ordering::Relaxed), 0);
+            pins[1].release();
+            assert!(st.view(&pins[1]).is_err(), "a released pin was viewed");
+            assert!(st.view(&pins[0]).is_ok());
+            // its slot (and only its slot) is free now
+            assert!(st.prefetch(2, &[3]));
+            assert!(!st.prefetch(2, &[3, 4]));
+            assert_eq!(st.counters().prefetches.load(Ordering::Relaxed), 1);
+            assert!(st.take_ready(&mut pins).unwrap().is_empty());
+            pins[1].release(); // twice is once
+            drop(pins);
+            // the pins are all gone: expert 1 of layer 1 was evicted for the prefetch, and
+            // the prefetched expert holds the right bytes
+            load_and_check(&st, &ck, 2, &[3]);
+            assert_eq!(st.counters().prefetch_used.load(Ordering::Relaxed), 1);
+            let mut pins = st.acquire(1, &[0, 2]).unwrap();
+            assert_eq!(st.take_ready(&mut pins).unwrap().len(), 2, "still cached");
+        }
+    });
+}
+
+#[test]
 fn view_before_wait_is_an_error_not_a_race() {
     let (st, _ck) = open("tiny-a", IoMode::Buffered, 2, true);
     let pins = st.acquire(1, &[2]).unwrap();
