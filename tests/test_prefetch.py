@@ -113,3 +113,27 @@ def test_a_long_prompts_hash_layer_prefetches_do_not_evict_each_other(monkeypatc
     assert s["expert_prefetch_used"] == s["expert_prefetches"], s
     # more than the cache holds: the later layers' were read while the one before computed
     assert s["expert_prefetches"] > s["expert_slots"], s
+
+
+def test_a_layer_larger_than_the_cache_reads_its_next_wave_into_the_slots_it_frees(monkeypatch):
+    """A learned-routing layer that needs more experts than the cache holds runs in waves.
+    Each expert's slot is given back as soon as its output is computed, and the next wave's
+    experts are read into it, so the next wave's reads overlap this one's compute. Without
+    the look-ahead, only the hash layers would otherwise read ahead: at most their distinct
+    experts, counted here from their tables."""
+    monkeypatch.setenv("V4FLASH_LOOKAHEAD", "0")
+    cfg = v4flash.load_config(TINY_A)
+    assert cfg.num_hash_layers < cfg.num_hidden_layers, "tiny-a must have learned-routing layers"
+    prompt = list(range(3, 60))
+    tables = [_tensor(TINY_A, f"layers.{i}.ffn.gate.tid2eid") for i in range(cfg.num_hash_layers)]
+    hash_distinct = sum(len({int(e) for tok in prompt for e in t[tok]}) for t in tables)
+    m = _load_warm(TINY_A, expert_cache_mb=0.2)  # 10 slots for 16 experts a layer
+    assert m.stats()["expert_slots"] < cfg.n_routed_experts
+    logits = m.logits(prompt)
+    s = m.stats()
+    assert s["expert_prefetches"] > hash_distinct, (s, hash_distinct)
+    # every read-ahead served its request: none evicted before its wave came
+    assert s["expert_prefetch_used"] == s["expert_prefetches"], s
+    # and no result depends on it
+    big = _load_warm(TINY_A)
+    np.testing.assert_array_equal(logits, big.logits(prompt))
