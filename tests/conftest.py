@@ -1,8 +1,16 @@
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# The Ctrl-C tests send SIGINT to child processes. A runner started in the background by a
+# non-interactive shell has SIGINT ignored, and an ignored signal stays ignored across exec,
+# so those children would never see it. A handled signal is reset to the default across
+# exec instead: handle it here, and every child starts with Python's usual Ctrl-C.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
