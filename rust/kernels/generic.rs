@@ -68,6 +68,12 @@ pub(crate) trait Simd: Copy {
     /// of `FP4_PASS` tokens; more than 8 (the default) never: set by the tiers on which that
     /// is the faster one (measured).
     const FP4_PANELS_FROM: usize = usize::MAX;
+    /// Whether the fused path's FP4 passes of 2 to 4 tokens over 2 or more rows read each
+    /// row's x from memory (L1 or L2, as the FMAs' memory operands) instead of loading a
+    /// group's x once into registers for all the rows. With 16 registers the shared x, the
+    /// accumulators and a decoded group do not fit and the compiler spills them to the
+    /// stack. Every (row, token) chain is the same either way: only the speed differs.
+    const FP4_X_PER_ROW: bool = false;
     /// Columns per panel of the prefill path (`gemm`, a multiple of 32): the rows of a group
     /// are decoded into `pbuf` for this many columns, every token tile passes over them, and
     /// the register tile's accumulators go to memory and back once per panel. The default,
@@ -518,6 +524,40 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8: Fp8As)
     }
 }
 
+/// `p`, offset by a zero that the compiler cannot see is zero (it comes out of an empty asm
+/// block that also takes `k`). Loads through the results for different `k` are then not
+/// merged into one load held in a register: each stays a memory operand of the instruction
+/// that uses it (`Simd::FP4_X_PER_ROW`). Calls with the same `k` may still be merged or
+/// hoisted out of a loop (the block is pure), which is harmless.
+#[inline(always)]
+fn unmerged<T>(p: *const T, k: usize) -> *const T {
+    p.wrapping_add(opaque_zero(k))
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+fn opaque_zero(k: usize) -> usize {
+    let mut z = 0usize;
+    // SAFETY: the template is a comment: no instruction runs, no memory is touched, no
+    // register but the two operands is named, and `z` leaves as it came in (0).
+    unsafe {
+        std::arch::asm!(
+            "/* {0} {1} */",
+            inout(reg) z,
+            in(reg) k,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    z
+}
+
+/// Elsewhere `black_box` does the same job, at the price of a trip through the stack.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[inline(always)]
+fn opaque_zero(k: usize) -> usize {
+    std::hint::black_box((0usize, k)).0
+}
+
 /// FP4 group g of row r (columns gG..gG + G, G = `Simd::FP4_GROUP`): its G / L chunks,
 /// scaled (see `Simd::fp4`).
 #[inline(always)]
@@ -673,11 +713,16 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             assert!(q.len() >= (r0 + R) * rb && scale.len() >= (r0 + R) * nb);
             let qp = q[r0 * rb..].as_ptr();
             let sp = scale[r0 * nb..].as_ptr();
+            // x per row (`Simd::FP4_X_PER_ROW`) or shared by the rows
+            let per_row = S::FP4_X_PER_ROW && R >= 2 && T >= 2;
             for g in 0..cols / gs {
                 let mut xv = [[s.splat(0.0); T]; 4];
-                for (c, x) in xv.iter_mut().enumerate().take(gc) {
-                    // SAFETY: g < cols / G, so columns gG..gG + G lie in every token's row.
-                    *x = unsafe { x_chunks::<S, T>(s, xpp, xs, (g * gc + c) * l) };
+                if !per_row {
+                    for (c, x) in xv.iter_mut().enumerate().take(gc) {
+                        // SAFETY: g < cols / G, so columns gG..gG + G lie in every token's
+                        // row.
+                        *x = unsafe { x_chunks::<S, T>(s, xpp, xs, (g * gc + c) * l) };
+                    }
                 }
                 prefetch_next(s, qp.wrapping_add(R * rb), R * gs / 2, g);
                 let b = g * gs / 32;
@@ -690,6 +735,13 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
                         let t = &tables[*sp.add(k * nb + b) as usize];
                         s.fp4(qp.add(k * rb + g * gs / 2), t)
                     };
+                    if per_row {
+                        let xk = unmerged(xpp, k);
+                        for c in 0..gc {
+                            // SAFETY: as above (`xk` is `xpp`).
+                            xv[c] = unsafe { x_chunks::<S, T>(s, xk, xs, (g * gc + c) * l) };
+                        }
+                    }
                     for c in 0..gc {
                         fma_tokens(s, w[c], &xv[c], &mut acc[k]);
                     }
