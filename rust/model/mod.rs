@@ -449,11 +449,12 @@ impl Model {
         let chunk = self.plan.prefill_chunk.max(1);
         let stream = hcm * h;
         let mut ffn_mixes = Vec::with_capacity(n);
-        let mut ffn_in = scratch::zeroed(n * h); // [n, H]
-                                                 // Look-ahead: a learned-routing layer's experts are known only after its attention.
-                                                 // Guess them from the layer's input (the FFN's mix, norm and router applied to the
-                                                 // pre-attention streams) and start reading them, so the reads overlap the attention.
-                                                 // A guess only warms the expert cache; no result depends on it.
+        // [n, H]
+        let mut ffn_in = scratch::zeroed(n * h);
+        // Look-ahead: a learned-routing layer's experts are known only after its attention.
+        // Guess them from the layer's input (the FFN's mix, norm and router applied to the
+        // pre-attention streams) and start reading them, so the reads overlap the attention.
+        // A guess only warms the expert cache; no result depends on it.
         let guess = if self.lookahead {
             pool.install(|| {
                 let (_, y) = self.hc_in(&layer.hc_ffn, &layer.ffn_norm, x, n);
