@@ -41,9 +41,9 @@ for t in x86_64-pc-windows-msvc aarch64-pc-windows-msvc; do
 done
 
 step "cargo test --target $T (under wine)"
-# One wineserver for every test binary. Left to itself it exits a few seconds after each
-# binary, and a binary that starts just then can lose its connection ("wine client error:0:
-# recvmsg: Connection reset by peer": one run in about twenty here).
+# One wineserver for every test binary. Left to itself it exits as each binary ends (its
+# default persistence is 0 s), and a binary that connects just then can lose its connection
+# ("wine client error:0: recvmsg: Connection reset by peer": one run in about twenty here).
 mkdir -p "$WINEPREFIX"
 wineserver -p
 trap 'wineserver -k 2>/dev/null || true' EXIT
