@@ -68,12 +68,14 @@ pub(crate) trait Simd: Copy {
     /// of `FP4_PASS` tokens; more than 8 (the default) never: set by the tiers on which that
     /// is the faster one (measured).
     const FP4_PANELS_FROM: usize = usize::MAX;
-    /// Whether the fused path's FP4 passes of 2 to 4 tokens over 2 or more rows read each
-    /// row's x from memory (L1 or L2, as the FMAs' memory operands) instead of loading a
-    /// group's x once into registers for all the rows. With 16 registers the shared x, the
-    /// accumulators and a decoded group do not fit and the compiler spills them to the
-    /// stack. Every (row, token) chain is the same either way: only the speed differs.
-    const FP4_X_PER_ROW: bool = false;
+    /// Whether the fused path's FP4 passes of 2 to 4 tokens over 2 or more rows go chunk by
+    /// chunk: every row's group decoded first, then each chunk of the T tokens' x loaded
+    /// once and multiplied into all the rows before the next chunk is loaded. Otherwise a
+    /// group's x is loaded into registers for all its chunks before the rows are decoded
+    /// one by one. With 16 registers the latter does not fit beside the accumulators and a
+    /// decoded group, and the compiler spills to the stack. Every (row, token) chain is the
+    /// same either way (chunks in order): only the speed differs.
+    const FP4_X_BY_CHUNK: bool = false;
     /// Columns per panel of the prefill path (`gemm`, a multiple of 32): the rows of a group
     /// are decoded into `pbuf` for this many columns, every token tile passes over them, and
     /// the register tile's accumulators go to memory and back once per panel. The default,
@@ -229,9 +231,9 @@ pub(crate) trait Simd: Copy {
 
 /// Implements `Kernel` for a `Simd` tier. Each method enters a function compiled with the
 /// tier's features (if any), in which the generic loop below and the tier's operations
-/// inline. `rows_xt`: rows per fused pass of 1, 2, 3 and 4 tokens (they share each x load); `gemm_rows`: rows
-/// of the prefill micro-kernel (x `gemm_tokens` tokens); `q8_rows`: the same for the int8 path; `chains`: independent FMA chains of the peak
-/// probe.
+/// inline. `rows_xt`: rows per fused pass of 1, 2, 3 and 4 tokens (they share each x load);
+/// `gemm_rows`: rows of the prefill micro-kernel (x `gemm_tokens` tokens); `q8_rows`: the
+/// same for the int8 path; `chains`: independent FMA chains of the peak probe.
 macro_rules! simd_kernel {
     ($tier:ty, $(features = $feat:literal,)? rows_xt = $r1:expr,
      gemm_rows = $rg:literal, gemm_tokens = $tg:literal, q8_rows = $rq:literal,
@@ -524,40 +526,6 @@ fn chunk<S: Simd>(s: S, rows: Rows, r: usize, cols: usize, c: usize, fp8: Fp8As)
     }
 }
 
-/// `p`, offset by a zero that the compiler cannot see is zero (it comes out of an empty asm
-/// block that also takes `k`). Loads through the results for different `k` are then not
-/// merged into one load held in a register: each stays a memory operand of the instruction
-/// that uses it (`Simd::FP4_X_PER_ROW`). Calls with the same `k` may still be merged or
-/// hoisted out of a loop (the block is pure), which is harmless.
-#[inline(always)]
-fn unmerged<T>(p: *const T, k: usize) -> *const T {
-    p.wrapping_add(opaque_zero(k))
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-#[inline(always)]
-fn opaque_zero(k: usize) -> usize {
-    let mut z = 0usize;
-    // SAFETY: the template is a comment: no instruction runs, no memory is touched, no
-    // register but the two operands is named, and `z` leaves as it came in (0).
-    unsafe {
-        std::arch::asm!(
-            "/* {0} {1} */",
-            inout(reg) z,
-            in(reg) k,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
-    z
-}
-
-/// Elsewhere `black_box` does the same job, at the price of a trip through the stack.
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-#[inline(always)]
-fn opaque_zero(k: usize) -> usize {
-    std::hint::black_box((0usize, k)).0
-}
-
 /// FP4 group g of row r (columns gG..gG + G, G = `Simd::FP4_GROUP`): its G / L chunks,
 /// scaled (see `Simd::fp4`).
 #[inline(always)]
@@ -713,11 +681,11 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             assert!(q.len() >= (r0 + R) * rb && scale.len() >= (r0 + R) * nb);
             let qp = q[r0 * rb..].as_ptr();
             let sp = scale[r0 * nb..].as_ptr();
-            // x per row (`Simd::FP4_X_PER_ROW`) or shared by the rows
-            let per_row = S::FP4_X_PER_ROW && R >= 2 && T >= 2;
+            // chunk by chunk (`Simd::FP4_X_BY_CHUNK`) or the group's x first
+            let by_chunk = S::FP4_X_BY_CHUNK && R >= 2 && T >= 2;
             for g in 0..cols / gs {
                 let mut xv = [[s.splat(0.0); T]; 4];
-                if !per_row {
+                if !by_chunk {
                     for (c, x) in xv.iter_mut().enumerate().take(gc) {
                         // SAFETY: g < cols / G, so columns gG..gG + G lie in every token's
                         // row.
@@ -726,24 +694,31 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
                 }
                 prefetch_next(s, qp.wrapping_add(R * rb), R * gs / 2, g);
                 let b = g * gs / 32;
-                for k in 0..R {
-                    // SAFETY: k < R and b < nb, so the scale byte lies in the rows asserted
-                    // inside `scale`; row k's bytes gG / 2..(g + 1) G / 2 lie within its
-                    // cols / 2 bytes, inside q (asserted above). Raw pointers: no bounds
-                    // check per row.
-                    let w = unsafe {
-                        let t = &tables[*sp.add(k * nb + b) as usize];
-                        s.fp4(qp.add(k * rb + g * gs / 2), t)
-                    };
-                    if per_row {
-                        let xk = unmerged(xpp, k);
-                        for c in 0..gc {
-                            // SAFETY: as above (`xk` is `xpp`).
-                            xv[c] = unsafe { x_chunks::<S, T>(s, xk, xs, (g * gc + c) * l) };
-                        }
+                // SAFETY: k < R and b < nb, so the scale byte lies in the rows asserted inside
+                // `scale`; row k's bytes gG / 2..(g + 1) G / 2 lie within its cols / 2 bytes,
+                // inside q (asserted above). Raw pointers: no bounds check per row.
+                let row = |k: usize| unsafe {
+                    let t = &tables[*sp.add(k * nb + b) as usize];
+                    s.fp4(qp.add(k * rb + g * gs / 2), t)
+                };
+                if by_chunk {
+                    let mut ws = [[s.splat(0.0); 4]; R];
+                    for (k, wk) in ws.iter_mut().enumerate() {
+                        *wk = row(k);
                     }
                     for c in 0..gc {
-                        fma_tokens(s, w[c], &xv[c], &mut acc[k]);
+                        // SAFETY: g < cols / G (see above).
+                        let xc = unsafe { x_chunks::<S, T>(s, xpp, xs, (g * gc + c) * l) };
+                        for (wk, ak) in ws.iter().zip(acc.iter_mut()) {
+                            fma_tokens(s, wk[c], &xc, ak);
+                        }
+                    }
+                } else {
+                    for (k, ak) in acc.iter_mut().enumerate() {
+                        let w = row(k);
+                        for c in 0..gc {
+                            fma_tokens(s, w[c], &xv[c], ak);
+                        }
                     }
                 }
             }

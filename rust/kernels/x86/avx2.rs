@@ -47,7 +47,7 @@ impl Avx2 {
 simd_kernel!(
     Avx2,
     features = "avx2,fma,f16c",
-    rows_xt = [8, 2, 2, 2],
+    rows_xt = [8, 3, 2, 2],
     gemm_rows = 4,
     gemm_tokens = 3,
     q8_rows = 4,
@@ -210,23 +210,28 @@ impl Simd for Avx2 {
 
     const FP4_GROUP: usize = 32;
 
-    /// Passes of up to 4 tokens. With x shared by the rows (before `FP4_X_PER_ROW`), a pass of
-    /// 4 tokens held 16 x vectors beside the decode and spilled: measured on Zen 3 (FP4 2048
-    /// x 4096, GFLOP/s), 3 tokens 110, 4 tokens 86, so passes were of at most 3 then.
+    /// Passes of up to 4 tokens. With x loaded for a whole group (before session 39 read it
+    /// per row and `FP4_X_BY_CHUNK` chunk by chunk), a pass of 4 tokens held 16 x vectors
+    /// beside the decode and spilled: measured on Zen 3 (FP4 2048 x 4096, GFLOP/s), 3 tokens
+    /// 110, 4 tokens 86, so passes were of at most 3 then.
     const FP4_PASS: usize = 4;
 
     /// FP4 with 5 to 8 tokens: each group decoded once for all of them (`fp4_panels`), not
     /// once per pass. Measured on Zen 3 (FP4 2048 x 4096, 1 thread, GFLOP/s, passes of 3 ->
     /// panels): 4 tokens 28-33 -> 45-46, 6 tokens 37-39 -> 39-48, 8 tokens 25-32 -> 36-40.
-    /// 4 tokens went back to one pass with x per row, which beats the panels on Zen 4 (one
-    /// thread, share of the FMA peak, panels -> pass): 2048 x 4096 55-56 % -> 58-59 %,
-    /// 4096 x 2048 53 % -> 55-56 %; two threads 106-114 -> 114-129 GFLOP/s. From 5 tokens
-    /// the panels still win (5 tokens: 59 % against 53 % for passes of 3 + 2).
+    /// 4 tokens went back to one pass with x read per row (now chunk by chunk, as fast),
+    /// which beats the panels on Zen 4 (one thread, share of the FMA peak, panels -> pass):
+    /// 2048 x 4096 55-56 % -> 58-59 %, 4096 x 2048 53 % -> 55-56 %; two threads 106-114 ->
+    /// 114-129 GFLOP/s. From 5 tokens the panels still win (5 tokens: 59 % against 53 % for
+    /// passes of 3 + 2).
     const FP4_PANELS_FROM: usize = 5;
 
     /// Measured on Zen 4 (FP4 2048 x 4096, `kernels_ab prefill`, one thread, share of the
-    /// FMA peak): 3 tokens 42-45 % -> 56-61 %; 2 tokens 45-47 % either way.
-    const FP4_X_PER_ROW: bool = true;
+    /// FMA peak): 3 tokens 42-45 % with a group's x in registers, 56-61 % with x read per
+    /// row from memory (session 39), 63-64 % chunk by chunk (57-58 % for per row in the same
+    /// runs); 4 tokens 58-59 % per row or chunk by chunk. Chunk by chunk also lets a 2-token
+    /// pass take 3 rows (6 FMA chains instead of 4; `rows_xt` above): 47 % -> 53 %.
+    const FP4_X_BY_CHUNK: bool = true;
 
     /// Chunk q, lane i of a block: lanes 0-3 come from the low nibbles (even columns),
     /// lanes 4-7 from the high nibbles of the same bytes; chunk 0 holds the even and chunk 1
