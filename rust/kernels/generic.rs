@@ -68,13 +68,13 @@ pub(crate) trait Simd: Copy {
     /// of `FP4_PASS` tokens; more than 8 (the default) never: set by the tiers on which that
     /// is the faster one (measured).
     const FP4_PANELS_FROM: usize = usize::MAX;
-    /// Whether the fused path's FP4 passes of 2 to 4 tokens over 2 or more rows go chunk by
-    /// chunk: every row's group decoded first, then each chunk of the T tokens' x loaded
-    /// once and multiplied into all the rows before the next chunk is loaded. Otherwise a
-    /// group's x is loaded into registers for all its chunks before the rows are decoded
-    /// one by one. With 16 registers the latter does not fit beside the accumulators and a
-    /// decoded group, and the compiler spills to the stack. Every (row, token) chain is the
-    /// same either way (chunks in order): only the speed differs.
+    /// Whether the fused path's FP4 passes over 2 or more rows go chunk by chunk: every
+    /// row's group decoded first, then each chunk of the T tokens' x loaded once and
+    /// multiplied into all the rows before the next chunk is loaded. Otherwise a group's x
+    /// is loaded into registers for all its chunks before the rows are decoded one by one
+    /// (with 16 registers that does not fit beside the accumulators and a decoded group
+    /// from 2 tokens on, and the compiler spills to the stack). Every (row, token) chain is
+    /// the same either way (chunks in order): only the speed differs.
     const FP4_X_BY_CHUNK: bool = false;
     /// Columns per panel of the prefill path (`gemm`, a multiple of 32): the rows of a group
     /// are decoded into `pbuf` for this many columns, every token tile passes over them, and
@@ -232,10 +232,12 @@ pub(crate) trait Simd: Copy {
 /// Implements `Kernel` for a `Simd` tier. Each method enters a function compiled with the
 /// tier's features (if any), in which the generic loop below and the tier's operations
 /// inline. `rows_xt`: rows per fused pass of 1, 2, 3 and 4 tokens (they share each x load);
-/// `gemm_rows`: rows of the prefill micro-kernel (x `gemm_tokens` tokens); `q8_rows`: the
-/// same for the int8 path; `chains`: independent FMA chains of the peak probe.
+/// `fp4_rows_x1`: the one-token pass's rows for FP4 (`rows_xt[0]` is for the other formats
+/// and the int8 path); `gemm_rows`: rows of the prefill micro-kernel (x `gemm_tokens`
+/// tokens); `q8_rows`: the same for the int8 path; `chains`: independent FMA chains of the
+/// peak probe.
 macro_rules! simd_kernel {
-    ($tier:ty, $(features = $feat:literal,)? rows_xt = $r1:expr,
+    ($tier:ty, $(features = $feat:literal,)? rows_xt = $r1:expr, fp4_rows_x1 = $f1:literal,
      gemm_rows = $rg:literal, gemm_tokens = $tg:literal, q8_rows = $rq:literal,
      chains = $ch:literal) => {
         impl $crate::kernels::driver::Kernel for $tier {
@@ -275,10 +277,30 @@ macro_rules! simd_kernel {
                         _ => dot_xt::<_, { $r1[3] }, 4>(s, w, (xp, xs), out),
                     }
                 }
+                /// One FP4 token (its own function: in `go`, beside the other formats, it
+                /// ran slower).
+                ///
+                /// # Safety
+                /// The CPU must have the enabled features.
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go_fp4(
+                    s: $tier,
+                    w: &RowsView,
+                    (xp, xs): (&[f32], usize),
+                    out: (&mut [f32], usize),
+                ) {
+                    $crate::kernels::generic::dot_xt::<_, $f1, 1>(s, w, (xp, xs), out)
+                }
                 assert!((1..=4).contains(&x.2), "dot_xt takes 1 to 4 tokens");
                 // SAFETY: `self` exists only once the CPU was found to have the features
-                // `go` enables.
-                unsafe { go(self, w, x, out) }
+                // `go` and `go_fp4` enable.
+                unsafe {
+                    if x.2 == 1 && matches!(w.rows, $crate::kernels::driver::Rows::Fp4 { .. }) {
+                        go_fp4(self, w, (x.0, x.1), out)
+                    } else {
+                        go(self, w, x, out)
+                    }
+                }
             }
 
             fn fp4_panels(
@@ -682,7 +704,7 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             let qp = q[r0 * rb..].as_ptr();
             let sp = scale[r0 * nb..].as_ptr();
             // chunk by chunk (`Simd::FP4_X_BY_CHUNK`) or the group's x first
-            let by_chunk = S::FP4_X_BY_CHUNK && R >= 2 && T >= 2;
+            let by_chunk = S::FP4_X_BY_CHUNK && R >= 2;
             for g in 0..cols / gs {
                 let mut xv = [[s.splat(0.0); T]; 4];
                 if !by_chunk {

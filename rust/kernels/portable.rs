@@ -39,6 +39,7 @@ pub(crate) struct Portable;
 simd_kernel!(
     Portable,
     rows_xt = [4, 2, 2, 2],
+    fp4_rows_x1 = 4,
     gemm_rows = 1,
     gemm_tokens = 3,
     q8_rows = 1,

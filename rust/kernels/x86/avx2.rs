@@ -8,9 +8,9 @@
 //! exactly the top 16 bits of its f32 (a 2-bit significand times a power of two), so
 //! `vpshufb` looks up its high and low byte in two 16-entry tables (`FP4_BYTES`, per scale
 //! byte), the bytes are interleaved into 16-bit words and the words moved to the top of
-//! 32-bit lanes. One block's 16 bytes give 4 chunks in the order `fp4_col` states. Eight
-//! rows share each x load in the one-token path; the prefill micro-kernel runs 4 rows x 3
-//! tokens (12 accumulators of 16 registers).
+//! 32-bit lanes. One block's 16 bytes give 4 chunks in the order `fp4_col` states. Four
+//! FP4 rows share each x load in the one-token path (`FP4_X_BY_CHUNK`), eight FP8 and BF16
+//! rows; the prefill micro-kernel runs 4 rows x 3 tokens (12 accumulators of 16 registers).
 
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
@@ -48,6 +48,7 @@ simd_kernel!(
     Avx2,
     features = "avx2,fma,f16c",
     rows_xt = [8, 3, 2, 2],
+    fp4_rows_x1 = 4,
     gemm_rows = 4,
     gemm_tokens = 3,
     q8_rows = 4,
@@ -230,7 +231,10 @@ impl Simd for Avx2 {
     /// FMA peak): 3 tokens 42-45 % with a group's x in registers, 56-61 % with x read per
     /// row from memory (session 39), 63-64 % chunk by chunk (57-58 % for per row in the same
     /// runs); 4 tokens 58-59 % per row or chunk by chunk. Chunk by chunk also lets a 2-token
-    /// pass take 3 rows (6 FMA chains instead of 4; `rows_xt` above): 47 % -> 53 %.
+    /// pass take 3 rows (6 FMA chains instead of 4; `rows_xt` above): 47 % -> 53 %. One
+    /// token (`kernels_ab decode`, GB/s): 8 rows with a group's x in registers 10.6-10.7,
+    /// chunk by chunk 4 rows 11.1-11.3 (8 rows 8.2-8.3, 3 rows 10.0, 5 rows 8.3-9.7); two
+    /// threads from DRAM, medians of three runs, 16.8 -> 18.3.
     const FP4_X_BY_CHUNK: bool = true;
 
     /// Chunk q, lane i of a block: lanes 0-3 come from the low nibbles (even columns),
