@@ -707,14 +707,6 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             // chunk by chunk (`Simd::FP4_X_BY_CHUNK`) or the group's x first
             let by_chunk = S::FP4_X_BY_CHUNK && R >= 2;
             for g in 0..cols / gs {
-                let mut xv = [[s.splat(0.0); T]; 4];
-                if !by_chunk {
-                    for (c, x) in xv.iter_mut().enumerate().take(gc) {
-                        // SAFETY: g < cols / G, so columns gG..gG + G lie in every token's
-                        // row.
-                        *x = unsafe { x_chunks::<S, T>(s, xpp, xs, (g * gc + c) * l) };
-                    }
-                }
                 prefetch_next(s, qp.wrapping_add(R * rb), R * gs / 2, g);
                 let b = g * gs / 32;
                 // SAFETY: `row` is called only with k < R, and b < nb, so the scale byte lies
@@ -731,13 +723,19 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
                         *wk = row(k);
                     }
                     for c in 0..gc {
-                        // SAFETY: g < cols / G (see above).
+                        // SAFETY: g < cols / G, so columns gG..gG + G lie in every token's
+                        // row.
                         let xc = unsafe { x_chunks::<S, T>(s, xpp, xs, (g * gc + c) * l) };
                         for (wk, ak) in ws.iter().zip(acc.iter_mut()) {
                             fma_tokens(s, wk[c], &xc, ak);
                         }
                     }
                 } else {
+                    let mut xv = [[s.splat(0.0); T]; 4];
+                    for (c, x) in xv.iter_mut().enumerate().take(gc) {
+                        // SAFETY: as above.
+                        *x = unsafe { x_chunks::<S, T>(s, xpp, xs, (g * gc + c) * l) };
+                    }
                     for (k, ak) in acc.iter_mut().enumerate() {
                         let w = row(k);
                         for c in 0..gc {
