@@ -1,8 +1,7 @@
 //! The tier-independent half of `matmul`: splitting rows into tasks, preparing x, and
 //! choosing between the fused path (up to `FUSED_MAX` tokens, FP4 up to the tier's
-//! `FP4_FUSED_MAX`, in passes of up to 4 that decode each weight once into registers; FP4
-//! on tiers that choose it, from `FP4_PANELS_FROM` tokens: `generic::fp4_panels`, one
-//! decode for all of them) and the decode-then-multiply panel path.
+//! `FP4_FUSED_MAX`, in passes of up to 4 that decode each weight once into registers) and
+//! the decode-then-multiply panel path.
 //!
 //! Every tier computes one (row, token) output the same way, whatever n, the row range or
 //! the thread count:
@@ -79,9 +78,6 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// Whether the fused FP8 path takes the weights as their bits on this CPU
     /// (`generic::Simd::FP8_BITS` and `fp8_bits_on`).
     fn fp8_bits(self) -> bool;
-    /// The fewest tokens for which FP4 rows go through `fp4_panels`
-    /// (`generic::Simd::FP4_PANELS_FROM`).
-    const FP4_PANELS_FROM: usize;
     /// Most tokens for which FP4 rows take the fused path (`generic::Simd::FP4_FUSED_MAX`).
     const FP4_FUSED_MAX: usize;
     /// `Simd::GEMM_PANEL`: columns per panel of `gemm`.
@@ -89,15 +85,6 @@ pub(crate) trait Kernel: Copy + Send + Sync {
     /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
     /// stride, n), out = (out, os): decoded on the fly, each weight once for the n tokens.
     fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize));
-    /// FP4 rows, 4 to 8 tokens: as `dot_xt` with every weight decoded once for all the
-    /// tokens (`generic::fp4_panels`); `accs` is scratch of at least nrows * n * LANES f32.
-    fn fp4_panels(
-        self,
-        w: &RowsView,
-        x: (&[f32], usize, usize),
-        out: (&mut [f32], usize),
-        accs: &mut [f32],
-    );
     /// out[r, t] = dot(row r, x[t]) for the rows of `w` (at most GROUP) and n tokens, x =
     /// (xp, stride, n): tokens `stride` apart in the tier's column layout. Decodes the rows
     /// panel by panel into `pbuf` (at least GROUP * `generic::panel_stride` f32); `accs` is
@@ -284,13 +271,9 @@ pub(crate) fn matmul<K: Kernel>(
         let fp4 = matches!(m.w, Weights::Fp4 { .. });
         const {
             assert!(K::FP4_FUSED_MAX >= FUSED_MAX && K::FP4_FUSED_MAX <= 16);
-            assert!(K::FP4_PANELS_FROM == usize::MAX || K::FP4_FUSED_MAX == FUSED_MAX);
         }
         let fused_max = if fp4 { K::FP4_FUSED_MAX } else { FUSED_MAX };
-        if fp4 && n <= FUSED_MAX && n >= K::FP4_PANELS_FROM.max(4) {
-            let mut accs = scratch::zeroed(tr.len() * n * K::LANES);
-            k.fp4_panels(&view(m, tr.clone()), (&xp, cp, n), (o, n), &mut accs);
-        } else if n <= fused_max {
+        if n <= fused_max {
             let mut v = view(m, tr.clone());
             let scaled;
             let xp: &[f32] = match v.rows {

@@ -21,8 +21,8 @@
 //! `core_arch` symbols.
 //!
 //! Every (row, token) output is one FMA chain over the chunks in order followed by
-//! `Simd::hsum`, in the fused path for few tokens (`rows_xt`, and `fp4_panels` for FP4 where
-//! a tier takes it) and in the prefill path (`decode_panel` + `gemm`), as `driver` requires.
+//! `Simd::hsum`, in the fused path for few tokens (`rows_xt`) and in the prefill path
+//! (`decode_panel` + `gemm`), as `driver` requires.
 
 use super::driver::{Rows, RowsView};
 use crate::dtype::e8m0_to_f32;
@@ -63,11 +63,6 @@ pub(crate) trait Simd: Copy {
         // SAFETY: the caller's contract covers both halves.
         unsafe { (self.fp8(p), self.fp8(p.add(Self::LANES))) }
     }
-    /// The fewest tokens (4 to 8) for which the fused path multiplies FP4 rows through
-    /// `fp4_panels` (each weight group decoded once for all of them) rather than in passes
-    /// of `FP4_PASS` tokens; more than 8 (the default) never: set by the tiers on which that
-    /// is the faster one (measured).
-    const FP4_PANELS_FROM: usize = usize::MAX;
     /// Whether the fused path's FP4 passes over 2 or more rows go chunk by chunk: every
     /// row's group decoded first, then each chunk of the T tokens' x loaded once and
     /// multiplied into all the rows before the next chunk is loaded. Otherwise a group's x
@@ -149,8 +144,8 @@ pub(crate) trait Simd: Copy {
     const FP4_PASS: usize = 4;
     /// Most tokens for which FP4 rows take the fused path (passes of `FP4_PASS`) rather than
     /// the panel path: 8 (the driver's limit for every format) unless a tier measured its
-    /// passes faster further (at most 16; a tier with `FP4_PANELS_FROM` keeps 8). Every
-    /// (row, token) result is the same on either path, so this only sets the speed.
+    /// passes faster further (at most 16). Every (row, token) result is the same on either
+    /// path, so this only sets the speed.
     const FP4_FUSED_MAX: usize = 8;
     /// The column (0..G, within its group) that lane k % L of chunk k / L of a decoded FP4
     /// group holds. The default: [L even columns, L odd columns].
@@ -171,6 +166,19 @@ pub(crate) trait Simd: Copy {
     /// # Safety
     /// `p` is valid for reading G / 2 bytes.
     unsafe fn fp4(self, p: *const u8, t: &Self::V) -> [Self::V; 4];
+    /// `rows_xt`'s whole FP4 pass over R rows and T tokens (`acc`: R x T vectors, row by
+    /// row) as the tier's own loop, where it has one for that shape: the same FMAs as
+    /// `rows_xt`'s chunk-by-chunk path, in the same order per (row, token), so the same
+    /// bits. Returns whether it ran; the default has no loops.
+    ///
+    /// # Safety
+    /// `p` holds what `Fp4Loop` says for R rows and T tokens, with 32-column groups
+    /// (`FP4_GROUP` = 32), and `acc.len()` = R x T.
+    #[inline(always)]
+    unsafe fn fp4_loop(self, r: usize, p: Fp4Loop<Self::V>, acc: &mut [Self::V]) -> bool {
+        let _ = (r, p, acc);
+        false
+    }
 
     // ---- fast numerics (int8 activations; see `quant`) ----
     //
@@ -244,8 +252,6 @@ macro_rules! simd_kernel {
             const LANES: usize = <$tier as $crate::kernels::generic::Simd>::LANES;
             const FP4_GROUP: usize = <$tier as $crate::kernels::generic::Simd>::FP4_GROUP;
             const FP4_PASS: usize = <$tier as $crate::kernels::generic::Simd>::FP4_PASS;
-            const FP4_PANELS_FROM: usize =
-                <$tier as $crate::kernels::generic::Simd>::FP4_PANELS_FROM;
             const FP4_FUSED_MAX: usize =
                 <$tier as $crate::kernels::generic::Simd>::FP4_FUSED_MAX;
             const GEMM_PANEL: usize = <$tier as $crate::kernels::generic::Simd>::GEMM_PANEL;
@@ -302,38 +308,6 @@ macro_rules! simd_kernel {
                         go(self, w, x, out)
                     }
                 }
-            }
-
-            fn fp4_panels(
-                self,
-                w: &RowsView,
-                x: (&[f32], usize, usize),
-                out: (&mut [f32], usize),
-                accs: &mut [f32],
-            ) {
-                /// # Safety
-                /// The CPU must have the enabled features.
-                $(#[target_feature(enable = $feat)])?
-                unsafe fn go(
-                    s: $tier,
-                    w: &RowsView,
-                    (xp, xs, n): (&[f32], usize, usize),
-                    out: (&mut [f32], usize),
-                    accs: &mut [f32],
-                ) {
-                    use $crate::kernels::generic::{fp4_panels, FP4_PANEL_ROWS as R};
-                    let x = (xp, xs);
-                    match n {
-                        4 => fp4_panels::<_, { R[4] }, 4>(s, w, x, out, accs),
-                        5 => fp4_panels::<_, { R[5] }, 5>(s, w, x, out, accs),
-                        6 => fp4_panels::<_, { R[6] }, 6>(s, w, x, out, accs),
-                        7 => fp4_panels::<_, { R[7] }, 7>(s, w, x, out, accs),
-                        _ => fp4_panels::<_, { R[8] }, 8>(s, w, x, out, accs),
-                    }
-                }
-                assert!((4..=8).contains(&x.2), "fp4_panels takes 4 to 8 tokens");
-                // SAFETY: as in `dot_xt`.
-                unsafe { go(self, w, x, out, accs) }
             }
 
             fn gemm(
@@ -672,12 +646,39 @@ unsafe fn fp8_steps<S: Simd, const R: usize, const T: usize, const BITS: bool>(
     }
 }
 
+/// A whole FP4 pass of `rows_xt` as raw pointers, for a tier's own loop
+/// (`Simd::fp4_loop`): for every group g < `groups` and row k < R, the 16 packed bytes at
+/// `q` + k `rb` + 16 g, the scale byte at `scale` + k `nb` + g and its table in `tables`
+/// are readable, and so are the 32 f32 at `x` + t `xs` + 32 g for every token t < T.
+#[derive(Clone, Copy)]
+// only the AVX2 tier has such loops (`x86::fp4_loops`)
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Fp4Loop<V> {
+    /// row 0's first packed byte (2 E2M1 values a byte)
+    pub q: *const u8,
+    /// bytes from one row to the next (cols / 2)
+    pub rb: usize,
+    /// row 0's first UE8M0 scale byte (one per 32 columns)
+    pub scale: *const u8,
+    /// scale bytes from one row to the next (cols / 32)
+    pub nb: usize,
+    /// `Simd::fp4_scaled_table` of every scale byte
+    pub tables: *const [V; 256],
+    /// token 0's activations (f32)
+    pub x: *const f32,
+    /// f32 from one token to the next
+    pub xs: usize,
+    /// 32-column groups per row
+    pub groups: usize,
+}
+
 /// R rows from r0 times T tokens (xp holds them `xs` apart): acc[k][t] = fma(w[k][c],
 /// xp[t][c], acc[k][t]) over chunks in order, each weight chunk decoded once for the T
 /// tokens. With T = 1 this is the one-token path; every (row, token) chain is the same
 /// whatever T. The full chunks run on raw pointers (bounds checked once up front); the last
 /// partial chunk goes through `chunk`, which decodes exactly like `decode_panel`.
-/// `tables[b]`: the FP4 table times the value of scale byte b (see `dot_xt`).
+/// `tables[b]`: the FP4 table times the value of scale byte b (see `dot_xt`). An FP4 pass
+/// runs as the tier's own loop where it has one for R x T (`Simd::fp4_loop`).
 #[inline(always)]
 fn rows_xt<S: Simd, const R: usize, const T: usize>(
     s: S,
@@ -706,7 +707,20 @@ fn rows_xt<S: Simd, const R: usize, const T: usize>(
             let sp = scale[r0 * nb..].as_ptr();
             // chunk by chunk (`Simd::FP4_X_BY_CHUNK`) or the group's x first
             let by_chunk = S::FP4_X_BY_CHUNK && R >= 2;
-            for g in 0..cols / gs {
+            let p = Fp4Loop {
+                q: qp,
+                rb,
+                scale: sp,
+                nb,
+                tables,
+                x: xpp,
+                xs,
+                groups: cols / 32,
+            };
+            // SAFETY: rows r0..r0 + R of q and scale, and every token's cols columns of x,
+            // were asserted above; `tables` has all 256; acc is R x T.
+            let looped = gs == 32 && unsafe { s.fp4_loop(R, p, acc.as_flattened_mut()) };
+            for g in 0..if looped { 0 } else { cols / gs } {
                 prefetch_next(s, qp.wrapping_add(R * rb), R * gs / 2, g);
                 let b = g * gs / 32;
                 // SAFETY: `row` is called only with k < R, and b < nb, so the scale byte lies
@@ -841,136 +855,6 @@ pub(crate) fn dot_xt<S: Simd, const R: usize, const T: usize>(
     while r < w.nrows {
         out[r * os..][..T].copy_from_slice(&rows_xt::<S, 1, T>(s, w, r, x, &tables)[0]);
         r += 1;
-    }
-}
-
-/// Rows per tile of `fp4_panels` for T tokens (index T, 4 to 8): R x T accumulators, the 4
-/// decoded chunks of one row and the decode's temporaries within 16 registers, and at least
-/// 8 independent FMA chains where that fits (T >= 5: one row, T chains).
-pub(crate) const FP4_PANEL_ROWS: [usize; 9] = [0, 0, 0, 0, 2, 1, 1, 1, 1];
-
-/// Columns per panel of `fp4_panels`: the T tokens' x of one panel (T x 2 KiB) stays in L1
-/// while every row of the task passes over it.
-const FP4_PANEL_COLS: usize = 512;
-
-/// out[r * os + t] = dot(row r, xp[t]) for every FP4 row of `w` and T tokens (4 to 8; xp holds them
-/// `xs` apart): each weight group decoded once, into registers, for all T tokens (the fused
-/// path decodes it once per pass of `Simd::FP4_PASS` tokens). Panel by panel
-/// (`FP4_PANEL_COLS` columns), R rows at a time (`FP4_PANEL_ROWS`), each token's x read
-/// from memory (from L1) at every multiply-add; the (row, token) accumulators wait in
-/// `accs` ([nrows, T, L]) between panels. Each (row, token) output is the FMA chain over
-/// the chunks in order that `rows_xt` forms, then `hsum`: the same bits.
-#[inline(always)]
-pub(crate) fn fp4_panels<S: Simd, const R: usize, const T: usize>(
-    s: S,
-    w: &RowsView,
-    (xp, xs): (&[f32], usize),
-    (out, os): (&mut [f32], usize),
-    accs: &mut [f32],
-) {
-    let Rows::Fp4 { q, scale } = w.rows else {
-        unreachable!("fp4_panels takes FP4 rows")
-    };
-    let (l, cols, nrows) = (S::LANES, w.cols, w.nrows);
-    const { assert!(S::FP4_GROUP == 2 * S::LANES || S::FP4_GROUP == 32) };
-    const { assert!(32 % S::FP4_GROUP == 0 && S::FP4_GROUP / S::LANES <= 4) };
-    let gs = S::FP4_GROUP;
-    let (rb, nb, ng) = (cols / 2, cols / 32, cols / gs);
-    assert!(cols % 32 == 0 && q.len() >= nrows * rb && scale.len() >= nrows * nb);
-    assert!(xs >= cols && xp.len() >= (T - 1) * xs + cols);
-    assert!(accs.len() >= nrows * T * l);
-    assert!(os >= T && (nrows == 0 || out.len() >= (nrows - 1) * os + T));
-    let mut tables = [s.splat(0.0); 256];
-    for (b, t) in tables.iter_mut().enumerate() {
-        *t = s.fp4_scaled_table(b as u8);
-    }
-    let gp = FP4_PANEL_COLS / gs;
-    let mut g0 = 0;
-    while g0 < ng {
-        let gr = (g0, (g0 + gp).min(ng));
-        let mut r = 0;
-        while r + R <= nrows {
-            fp4_panel_rows::<S, R, T>(s, w, r, gr, (xp, xs), accs, &tables);
-            r += R;
-        }
-        while r < nrows {
-            fp4_panel_rows::<S, 1, T>(s, w, r, gr, (xp, xs), accs, &tables);
-            r += 1;
-        }
-        g0 = gr.1;
-    }
-    for r in 0..nrows {
-        for t in 0..T {
-            out[r * os + t] = s.hsum(ld(s, accs, (r * T + t) * l));
-        }
-    }
-}
-
-/// Rows r0..r0 + R of `fp4_panels` over groups g0..g1: the accumulators from `accs` (zero
-/// for the first panel), every group decoded once and multiplied with the T tokens, the
-/// accumulators back to `accs`.
-#[inline(always)]
-fn fp4_panel_rows<S: Simd, const R: usize, const T: usize>(
-    s: S,
-    w: &RowsView,
-    r0: usize,
-    (g0, g1): (usize, usize),
-    (xp, xs): (&[f32], usize),
-    accs: &mut [f32],
-    tables: &[S::V; 256],
-) {
-    let Rows::Fp4 { q, scale } = w.rows else {
-        unreachable!("fp4_panels takes FP4 rows")
-    };
-    let (l, cols) = (S::LANES, w.cols);
-    let (gs, gc) = (S::FP4_GROUP, S::FP4_GROUP / l);
-    let (rb, nb) = (cols / 2, cols / 32);
-    // what `fp4_panels` asserted, for these rows and groups
-    assert!(r0 + R <= w.nrows && g1 * gs <= cols);
-    assert!(q.len() >= (r0 + R) * rb && scale.len() >= (r0 + R) * nb);
-    assert!(xp.len() >= (T - 1) * xs + g1 * gs && accs.len() >= (r0 + R) * T * l);
-    let (qp, sp, xpp, ap) = (q.as_ptr(), scale.as_ptr(), xp.as_ptr(), accs.as_mut_ptr());
-    // The bytes of this panel in the next rows (a few lines per row, rows `rb` apart: too
-    // short for the hardware prefetchers, so without this every row waits on memory).
-    let (p0, p1) = (g0 * gs / 2, g1 * gs / 2);
-    for k in R..R + R.max(2) {
-        let row = qp.wrapping_add((r0 + k) * rb);
-        let mut o = p0 & !63;
-        while o < p1 {
-            s.prefetch(row.wrapping_add(o));
-            o += 64;
-        }
-        s.prefetch(sp.wrapping_add((r0 + k) * nb + g0 * gs / 32));
-    }
-    let mut acc = [[s.splat(0.0); T]; R];
-    // SAFETY: rows r0..r0 + R, groups g0..g1 (their bytes, scale bytes and x columns) and
-    // the rows' accumulators lie inside q, scale, xp and accs (asserted above).
-    unsafe {
-        if g0 > 0 {
-            for k in 0..R {
-                for t in 0..T {
-                    acc[k][t] = s.load(ap.add(((r0 + k) * T + t) * l));
-                }
-            }
-        }
-        for g in g0..g1 {
-            let b = g * gs / 32;
-            for k in 0..R {
-                let t = &tables[*sp.add((r0 + k) * nb + b) as usize];
-                let wv = s.fp4(qp.add((r0 + k) * rb + g * gs / 2), t);
-                for c in 0..gc {
-                    for t in 0..T {
-                        let xv = s.load(xpp.add(t * xs + (g * gc + c) * l));
-                        acc[k][t] = s.fma(wv[c], xv, acc[k][t]);
-                    }
-                }
-            }
-        }
-        for k in 0..R {
-            for t in 0..T {
-                s.store(ap.add(((r0 + k) * T + t) * l), acc[k][t]);
-            }
-        }
     }
 }
 

@@ -13,7 +13,7 @@
 //! rows; the prefill micro-kernel runs 4 rows x 3 tokens (12 accumulators of 16 registers).
 
 use super::super::driver::RowsView;
-use super::super::generic::{simd_kernel, Simd};
+use super::super::generic::{simd_kernel, Fp4Loop, Simd};
 use super::int8;
 use super::Prefetch;
 use crate::dtype::{e8m0_to_f32, E2M1_LUT};
@@ -221,15 +221,7 @@ impl Simd for Avx2 {
     /// 110, 4 tokens 86, so passes were of at most 3 then.
     const FP4_PASS: usize = 4;
 
-    /// FP4 with 5 to 8 tokens: each group decoded once for all of them (`fp4_panels`), not
-    /// once per pass. Measured on Zen 3 (FP4 2048 x 4096, 1 thread, GFLOP/s, passes of 3 ->
-    /// panels): 4 tokens 28-33 -> 45-46, 6 tokens 37-39 -> 39-48, 8 tokens 25-32 -> 36-40.
-    /// 4 tokens went back to one pass with x read per row (now chunk by chunk, as fast),
-    /// which beats the panels on Zen 4 (one thread, share of the FMA peak, panels -> pass):
-    /// 2048 x 4096 55-56 % -> 58-59 %, 4096 x 2048 53 % -> 55-56 %; two threads 106-114 ->
-    /// 114-129 GFLOP/s. From 5 tokens the panels still win (5 tokens: 59 % against 53 % for
-    /// passes of 3 + 2).
-    const FP4_PANELS_FROM: usize = 5;
+    const FP4_FUSED_MAX: usize = 16;
 
     /// Measured on Zen 4 (FP4 2048 x 4096, `kernels_ab prefill`, one thread, share of the
     /// FMA peak): 3 tokens 42-45 % with a group's x in registers, 56-61 % with x read per
@@ -283,6 +275,48 @@ impl Simd for Avx2 {
                 _mm256_castsi256_ps(_mm256_and_si256(p1, top)),
             ]
         }
+    }
+
+    /// 2 rows x 3 or 4 tokens and 3 rows x 2 tokens run as the loops of `fp4_loops`.
+    #[inline(always)]
+    unsafe fn fp4_loop(self, r: usize, p: Fp4Loop<__m256>, acc: &mut [__m256]) -> bool {
+        use super::fp4_loops::*;
+        if p.groups == 0 {
+            return false;
+        }
+        let l2 = self.pf.l2;
+        // SAFETY: see the impl; the caller's contract is the loops' (`Fp4Loop`), and each
+        // loop gets exactly its R x T accumulators.
+        unsafe {
+            if r == 2 {
+                if let Ok(a) = <&mut [__m256; 8]>::try_from(&mut *acc) {
+                    if l2 {
+                        r2t4_l2(p, a)
+                    } else {
+                        r2t4_l1(p, a)
+                    }
+                    return true;
+                }
+                if let Ok(a) = <&mut [__m256; 6]>::try_from(&mut *acc) {
+                    if l2 {
+                        r2t3_l2(p, a)
+                    } else {
+                        r2t3_l1(p, a)
+                    }
+                    return true;
+                }
+            } else if r == 3 {
+                if let Ok(a) = <&mut [__m256; 6]>::try_from(&mut *acc) {
+                    if l2 {
+                        r3t2_l2(p, a)
+                    } else {
+                        r3t2_l1(p, a)
+                    }
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     #[inline(always)]

@@ -5,6 +5,7 @@ mod avx2;
 mod avx512;
 mod bf16;
 mod dot16;
+mod fp4_loops;
 mod int8;
 
 pub(crate) use avx2::Avx2;

@@ -1,0 +1,361 @@
+//! The AVX2 tier's FP4 passes over 2 rows x 3 or 4 tokens and 3 rows x 2 tokens
+//! (`generic::rows_xt` with `Simd::fp4_loop`) as whole loops in inline assembly.
+//!
+//! Why assembly: with 16 vector registers these shapes need every one of them (8 or 6
+//! accumulators, each row's decoded group as two 16-bit-word halves, the decode's
+//! temporaries and one chunk of x), and LLVM does not fit them. It kept a 2 x 4 pass's
+//! four decoded chunks per row, spilled an accumulator to the stack, so that one FMA chain
+//! waited on a store and a reload every group, and shuffled the other accumulators between
+//! registers at the loop's back edge. The loop overhead (scale lookups, pointer arithmetic,
+//! the read-ahead's index) is also about a fifth of the instructions of a group, and a
+//! group is bound by how fast the core takes instructions in, not only by the FMA pipes.
+//! Here each group costs its decode, 4 x R x T FMAs, T x 4 loads of x and eight
+//! pointer and counter instructions.
+//!
+//! Measured on Zen 4 (`kernels_ab prefill fp4 2048 4096 avx2 T 5`, one thread, share of
+//! the FMA peak, the compiled loop -> this one): see `benches/README.md`, "FP4 passes as
+//! assembly loops".
+//!
+//! Every instruction below does what `Avx2::fp4` and `rows_xt`'s chunk-by-chunk path do,
+//! in the same order per (row, token) chain: chunk 0 to 3 of each group, groups in order.
+//! So every output bit is the same as the compiled path's (the kernel tests compare them
+//! on every tier, and against one token at a time).
+
+use super::super::generic::Fp4Loop;
+use std::arch::asm;
+use std::arch::x86_64::__m256;
+
+/// The decode's constants, 32 bytes each: the nibble shifts (low nibbles in the low 128-bit
+/// half, high nibbles in the high one), the nibble mask, the mask that keeps an odd 16-bit
+/// word at the top of its 32-bit lane.
+#[repr(C, align(32))]
+struct Consts([u32; 24]);
+
+static K: Consts = Consts([
+    0,
+    0,
+    0,
+    0,
+    4,
+    4,
+    4,
+    4,
+    0x0F0F_0F0F,
+    0x0F0F_0F0F,
+    0x0F0F_0F0F,
+    0x0F0F_0F0F,
+    0x0F0F_0F0F,
+    0x0F0F_0F0F,
+    0x0F0F_0F0F,
+    0x0F0F_0F0F,
+    0xFFFF_0000,
+    0xFFFF_0000,
+    0xFFFF_0000,
+    0xFFFF_0000,
+    0xFFFF_0000,
+    0xFFFF_0000,
+    0xFFFF_0000,
+    0xFFFF_0000,
+]);
+
+/// One row's group: the scale byte at `$s` picks its table (`{tab}` + 32 x byte, the high
+/// bytes then the low bytes of the 16 scaled E2M1 values), the 16 packed bytes at `$q`
+/// become nibble indices, `vpshufb` looks up both bytes, and the bytes interleaved give
+/// the group's two halves of 16-bit words (`Avx2::fp4` before its last step) in `$lo`, `$hi`.
+macro_rules! decode {
+    ($q:literal, $s:literal, $lo:literal, $hi:literal) => {
+        concat!(
+            "movzx {ta:e}, byte ptr [",
+            $s,
+            "]\n",
+            "shl {ta:e}, 5\n",
+            "add {ta}, {tab}\n",
+            "vbroadcasti128 {a}, xmmword ptr [",
+            $q,
+            "]\n",
+            "vpsrlvd {a}, {a}, ymmword ptr [rip + {k}]\n",
+            "vpand {a}, {a}, ymmword ptr [rip + {k} + 32]\n",
+            "vbroadcasti128 {b}, xmmword ptr [{ta}]\n",
+            "vpshufb {b}, {b}, {a}\n",
+            "vbroadcasti128 {c}, xmmword ptr [{ta} + 16]\n",
+            "vpshufb {c}, {c}, {a}\n",
+            "vpunpcklbw {",
+            $lo,
+            "}, {c}, {b}\n",
+            "vpunpckhbw {",
+            $hi,
+            "}, {c}, {b}\n",
+        )
+    };
+}
+
+/// An even chunk (0 or 2) from its half: the even words moved to the top of each lane.
+macro_rules! even {
+    ($w:literal, $half:literal) => {
+        concat!("vpslld {", $w, "}, {", $half, "}, 16\n")
+    };
+}
+
+/// An odd chunk (1 or 3) from its half: the odd words, already at the top, kept.
+macro_rules! odd {
+    ($w:literal, $half:literal) => {
+        concat!(
+            "vpand {",
+            $w,
+            "}, {",
+            $half,
+            "}, ymmword ptr [rip + {k} + 64]\n"
+        )
+    };
+}
+
+/// One token's chunk of x at `[$x + $off]` loaded once and multiplied into each row's
+/// accumulator for that token: `$( $acc += $w * x )`.
+macro_rules! token {
+    ($x:literal, $off:literal $(, $acc:literal, $w:literal)+) => {
+        concat!(
+            "vmovups {c}, ymmword ptr [", $x, " + ", $off, "]\n",
+            $("vfmadd231ps {", $acc, "}, {", $w, "}, {c}\n",)+
+        )
+    };
+}
+
+/// The loop's tail: every pointer moves one group on, the read-ahead one group of the R
+/// rows after these.
+macro_rules! next_group {
+    ($rows:literal) => {
+        concat!(
+            "add {q}, 16\n",
+            "add {s}, 1\n",
+            "add {pn}, ",
+            $rows,
+            " * 16\n",
+            "add {x}, 128\n",
+        )
+    };
+}
+
+/// The three loops for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
+/// `super::Prefetch` picks for this CPU).
+macro_rules! loops {
+    ($pf:literal, $r2t4:ident, $r2t3:ident, $r3t2:ident) => {
+        /// 2 rows x 4 tokens; `acc` = [row 0's 4 tokens, row 1's].
+        ///
+        /// # Safety
+        /// The CPU has AVX2 and FMA; `p` holds what `Fp4Loop` says for 2 rows and 4 tokens
+        /// (every group's bytes, scale bytes, tables and x readable), and `p.groups` >= 1.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn $r2t4(p: Fp4Loop<__m256>, acc: &mut [__m256; 8]) {
+            let [mut s00, mut s01, mut s02, mut s03, mut s10, mut s11, mut s12, mut s13] = *acc;
+            // SAFETY: the caller's contract: every group's reads lie where `Fp4Loop` says;
+            // the read-ahead may point anywhere (a prefetch never faults). The block writes
+            // no memory and leaves the stack alone; the loop runs `groups` >= 1 times.
+            unsafe {
+                asm!(
+                    "2:",
+                    concat!($pf, " [{pn}]"),
+                    decode!("{q}", "{s}", "h0", "g0"),
+                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                    even!("a", "h0"),
+                    even!("b", "h1"),
+                    token!("{x}", "0", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "0", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "0", "s02", "a", "s12", "b"),
+                    token!("{x3}", "0", "s03", "a", "s13", "b"),
+                    odd!("a", "h0"),
+                    odd!("b", "h1"),
+                    token!("{x}", "32", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "32", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "32", "s02", "a", "s12", "b"),
+                    token!("{x3}", "32", "s03", "a", "s13", "b"),
+                    even!("a", "g0"),
+                    even!("b", "g1"),
+                    token!("{x}", "64", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "64", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "64", "s02", "a", "s12", "b"),
+                    token!("{x3}", "64", "s03", "a", "s13", "b"),
+                    odd!("a", "g0"),
+                    odd!("b", "g1"),
+                    token!("{x}", "96", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "96", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "96", "s02", "a", "s12", "b"),
+                    token!("{x3}", "96", "s03", "a", "s13", "b"),
+                    next_group!("2"),
+                    "add {x3}, 128",
+                    "dec {n}",
+                    "jnz 2b",
+                    q = inout(reg) p.q => _,
+                    rb = in(reg) p.rb,
+                    s = inout(reg) p.scale => _,
+                    nb = in(reg) p.nb,
+                    tab = in(reg) p.tables,
+                    x = inout(reg) p.x => _,
+                    x3 = inout(reg) p.x.wrapping_add(3 * p.xs) => _,
+                    xs = in(reg) p.xs * 4,
+                    pn = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
+                    n = inout(reg) p.groups => _,
+                    ta = out(reg) _,
+                    k = sym K,
+                    a = out(ymm_reg) _,
+                    b = out(ymm_reg) _,
+                    c = out(ymm_reg) _,
+                    h0 = out(ymm_reg) _,
+                    g0 = out(ymm_reg) _,
+                    h1 = out(ymm_reg) _,
+                    g1 = out(ymm_reg) _,
+                    s00 = inout(ymm_reg) s00,
+                    s01 = inout(ymm_reg) s01,
+                    s02 = inout(ymm_reg) s02,
+                    s03 = inout(ymm_reg) s03,
+                    s10 = inout(ymm_reg) s10,
+                    s11 = inout(ymm_reg) s11,
+                    s12 = inout(ymm_reg) s12,
+                    s13 = inout(ymm_reg) s13,
+                    options(nostack, readonly),
+                );
+            }
+            *acc = [s00, s01, s02, s03, s10, s11, s12, s13];
+        }
+
+        /// 2 rows x 3 tokens; `acc` = [row 0's 3 tokens, row 1's].
+        ///
+        /// # Safety
+        /// As the 2 x 4 loop, for 2 rows and 3 tokens.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn $r2t3(p: Fp4Loop<__m256>, acc: &mut [__m256; 6]) {
+            let [mut s00, mut s01, mut s02, mut s10, mut s11, mut s12] = *acc;
+            // SAFETY: as in the 2 x 4 loop.
+            unsafe {
+                asm!(
+                    "2:",
+                    concat!($pf, " [{pn}]"),
+                    decode!("{q}", "{s}", "h0", "g0"),
+                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                    even!("a", "h0"),
+                    even!("b", "h1"),
+                    token!("{x}", "0", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "0", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "0", "s02", "a", "s12", "b"),
+                    odd!("a", "h0"),
+                    odd!("b", "h1"),
+                    token!("{x}", "32", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "32", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "32", "s02", "a", "s12", "b"),
+                    even!("a", "g0"),
+                    even!("b", "g1"),
+                    token!("{x}", "64", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "64", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "64", "s02", "a", "s12", "b"),
+                    odd!("a", "g0"),
+                    odd!("b", "g1"),
+                    token!("{x}", "96", "s00", "a", "s10", "b"),
+                    token!("{x} + {xs}", "96", "s01", "a", "s11", "b"),
+                    token!("{x} + {xs}*2", "96", "s02", "a", "s12", "b"),
+                    next_group!("2"),
+                    "dec {n}",
+                    "jnz 2b",
+                    q = inout(reg) p.q => _,
+                    rb = in(reg) p.rb,
+                    s = inout(reg) p.scale => _,
+                    nb = in(reg) p.nb,
+                    tab = in(reg) p.tables,
+                    x = inout(reg) p.x => _,
+                    xs = in(reg) p.xs * 4,
+                    pn = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
+                    n = inout(reg) p.groups => _,
+                    ta = out(reg) _,
+                    k = sym K,
+                    a = out(ymm_reg) _,
+                    b = out(ymm_reg) _,
+                    c = out(ymm_reg) _,
+                    h0 = out(ymm_reg) _,
+                    g0 = out(ymm_reg) _,
+                    h1 = out(ymm_reg) _,
+                    g1 = out(ymm_reg) _,
+                    s00 = inout(ymm_reg) s00,
+                    s01 = inout(ymm_reg) s01,
+                    s02 = inout(ymm_reg) s02,
+                    s10 = inout(ymm_reg) s10,
+                    s11 = inout(ymm_reg) s11,
+                    s12 = inout(ymm_reg) s12,
+                    options(nostack, readonly),
+                );
+            }
+            *acc = [s00, s01, s02, s10, s11, s12];
+        }
+
+        /// 3 rows x 2 tokens; `acc` = [row 0's 2 tokens, row 1's, row 2's].
+        ///
+        /// # Safety
+        /// As the 2 x 4 loop, for 3 rows and 2 tokens.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn $r3t2(p: Fp4Loop<__m256>, acc: &mut [__m256; 6]) {
+            let [mut s00, mut s01, mut s10, mut s11, mut s20, mut s21] = *acc;
+            // SAFETY: as in the 2 x 4 loop (row 2 at q + 2 rb, its scales at s + 2 nb).
+            unsafe {
+                asm!(
+                    "2:",
+                    concat!($pf, " [{pn}]"),
+                    decode!("{q}", "{s}", "h0", "g0"),
+                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                    decode!("{q} + {rb}*2", "{s} + {nb}*2", "h2", "g2"),
+                    even!("a", "h0"),
+                    even!("b", "h1"),
+                    even!("w", "h2"),
+                    token!("{x}", "0", "s00", "a", "s10", "b", "s20", "w"),
+                    token!("{x} + {xs}", "0", "s01", "a", "s11", "b", "s21", "w"),
+                    odd!("a", "h0"),
+                    odd!("b", "h1"),
+                    odd!("w", "h2"),
+                    token!("{x}", "32", "s00", "a", "s10", "b", "s20", "w"),
+                    token!("{x} + {xs}", "32", "s01", "a", "s11", "b", "s21", "w"),
+                    even!("a", "g0"),
+                    even!("b", "g1"),
+                    even!("w", "g2"),
+                    token!("{x}", "64", "s00", "a", "s10", "b", "s20", "w"),
+                    token!("{x} + {xs}", "64", "s01", "a", "s11", "b", "s21", "w"),
+                    odd!("a", "g0"),
+                    odd!("b", "g1"),
+                    odd!("w", "g2"),
+                    token!("{x}", "96", "s00", "a", "s10", "b", "s20", "w"),
+                    token!("{x} + {xs}", "96", "s01", "a", "s11", "b", "s21", "w"),
+                    next_group!("3"),
+                    "dec {n}",
+                    "jnz 2b",
+                    q = inout(reg) p.q => _,
+                    rb = in(reg) p.rb,
+                    s = inout(reg) p.scale => _,
+                    nb = in(reg) p.nb,
+                    tab = in(reg) p.tables,
+                    x = inout(reg) p.x => _,
+                    xs = in(reg) p.xs * 4,
+                    pn = inout(reg) p.q.wrapping_add(3 * p.rb) => _,
+                    n = inout(reg) p.groups => _,
+                    ta = out(reg) _,
+                    k = sym K,
+                    a = out(ymm_reg) _,
+                    b = out(ymm_reg) _,
+                    c = out(ymm_reg) _,
+                    w = out(ymm_reg) _,
+                    h0 = out(ymm_reg) _,
+                    g0 = out(ymm_reg) _,
+                    h1 = out(ymm_reg) _,
+                    g1 = out(ymm_reg) _,
+                    h2 = out(ymm_reg) _,
+                    g2 = out(ymm_reg) _,
+                    s00 = inout(ymm_reg) s00,
+                    s01 = inout(ymm_reg) s01,
+                    s10 = inout(ymm_reg) s10,
+                    s11 = inout(ymm_reg) s11,
+                    s20 = inout(ymm_reg) s20,
+                    s21 = inout(ymm_reg) s21,
+                    options(nostack, readonly),
+                );
+            }
+            *acc = [s00, s01, s10, s11, s20, s21];
+        }
+    };
+}
+
+loops!("prefetcht0", r2t4_l1, r2t3_l1, r3t2_l1);
+loops!("prefetcht1", r2t4_l2, r2t3_l2, r3t2_l2);
