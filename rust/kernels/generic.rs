@@ -912,7 +912,26 @@ fn decode_panel<S: Simd>(
                     );
                 }
             }
-            _ => {
+            Rows::Bf16(d) => {
+                // whole chunks straight from the row (what `chunk` gives them, without its
+                // per-chunk slicing and tail buffer); then the rest
+                let dr = &d[r * cols * 2..(r + 1) * cols * 2];
+                let full = (cols / l).min(c1);
+                for c in c0..full {
+                    // SAFETY: (c + 1) L <= cols, so the 2L bytes from 2cL lie inside the row.
+                    let v = unsafe { s.bf16(dr.as_ptr().add(2 * c * l)) };
+                    st(s, row, (c - c0) * l, v);
+                }
+                for c in full.max(c0)..c1 {
+                    st(
+                        s,
+                        row,
+                        (c - c0) * l,
+                        chunk(s, w.rows, r, cols, c, Fp8As::Scaled),
+                    );
+                }
+            }
+            Rows::F32(_) => {
                 for c in c0..c1 {
                     st(
                         s,
