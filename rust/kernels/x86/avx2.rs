@@ -288,7 +288,16 @@ impl Simd for Avx2 {
         // SAFETY: see the impl; the caller's contract is the loops' (`Fp4Loop`), and each
         // loop gets exactly its R x T accumulators.
         unsafe {
-            if r == 2 {
+            if r == 4 {
+                if let Ok(a) = <&mut [__m256; 4]>::try_from(&mut *acc) {
+                    if l2 {
+                        r4t1_l2(p, a)
+                    } else {
+                        r4t1_l1(p, a)
+                    }
+                    return true;
+                }
+            } else if r == 2 {
                 if let Ok(a) = <&mut [__m256; 8]>::try_from(&mut *acc) {
                     if l2 {
                         r2t4_l2(p, a)

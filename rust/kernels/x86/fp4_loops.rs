@@ -1,25 +1,26 @@
-//! The AVX2 tier's FP4 passes over 2 rows x 3 or 4 tokens and 3 rows x 2 tokens
-//! (`generic::rows_xt` with `Simd::fp4_loop`) as whole loops in inline assembly.
+//! The AVX2 tier's FP4 passes over 4 rows x 1 token (the one-token pass), 2 rows x 4 or 3
+//! tokens and 3 rows x 2 tokens (`generic::rows_xt` through `Simd::fp4_loop`) as whole
+//! loops in inline assembly.
 //!
-//! Why assembly: with 16 vector registers these shapes need every one of them (8 or 6
-//! accumulators, each row's decoded group as two 16-bit-word halves, the decode's
-//! temporaries and one chunk of x), and LLVM does not fit them. It kept a 2 x 4 pass's
-//! four decoded chunks per row, spilled an accumulator to the stack, so that one FMA chain
-//! waited on a store and a reload every group, and shuffled the other accumulators between
+//! Why assembly: with 16 vector registers these shapes need nearly every one (the
+//! accumulators, each row's decoded group as two halves of 16-bit words, the decode's
+//! temporaries and one chunk of x), and LLVM does not fit them. In a 2 x 4 pass it kept the
+//! four decoded chunks of each row, spilled an accumulator to the stack (so one FMA chain
+//! waited on a store and a reload every group) and copied the other accumulators between
 //! registers at the loop's back edge. The loop overhead (scale lookups, pointer arithmetic,
-//! the read-ahead's index) is also about a fifth of the instructions of a group, and a
-//! group is bound by how fast the core takes instructions in, not only by the FMA pipes.
-//! Here each group costs its decode, 4 x R x T FMAs, T x 4 loads of x and eight
-//! pointer and counter instructions.
+//! the read-ahead's index) was also about a fifth of a group's instructions, and a group is
+//! bound by how fast the core takes instructions in as much as by the FMA pipes. Here a
+//! group costs its decode, its FMAs, one load per chunk of x and token, and a few pointer
+//! and counter instructions.
 //!
-//! Measured on Zen 4 (`kernels_ab prefill fp4 2048 4096 avx2 T 5`, one thread, share of
-//! the FMA peak, the compiled loop -> this one): see `benches/README.md`, "FP4 passes as
-//! assembly loops".
+//! Measured on Zen 4 (`kernels_ab`, one thread; benches/README.md, "FP4 passes as assembly
+//! loops"): share of the FMA peak, compiled -> assembly, 2 tokens 53 -> 56-57 %, 3 tokens
+//! 63-64 -> 64-66 %, 4 tokens 58-59 -> 72-73 %; one token 10.9-11.2 -> 12.0-12.1 GB/s.
 //!
 //! Every instruction below does what `Avx2::fp4` and `rows_xt`'s chunk-by-chunk path do,
-//! in the same order per (row, token) chain: chunk 0 to 3 of each group, groups in order.
-//! So every output bit is the same as the compiled path's (the kernel tests compare them
-//! on every tier, and against one token at a time).
+//! in the same order per (row, token) chain: chunks 0 to 3 of each group, groups in order.
+//! So every output bit is the same as the compiled path's (the kernel tests compare every
+//! tier with the portable one, and n tokens with one at a time).
 
 use super::super::generic::Fp4Loop;
 use std::arch::asm;
@@ -120,6 +121,13 @@ macro_rules! token {
     };
 }
 
+/// More rows' FMAs with the chunk of x `token!` loaded last (in `{c}`).
+macro_rules! fma {
+    ($($acc:literal, $w:literal),+) => {
+        concat!($("vfmadd231ps {", $acc, "}, {", $w, "}, {c}\n",)+)
+    };
+}
+
 /// The loop's tail: every pointer moves one group on, the read-ahead one group of the R
 /// rows after these.
 macro_rules! next_group {
@@ -135,10 +143,89 @@ macro_rules! next_group {
     };
 }
 
-/// The three loops for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
+/// The four loops for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
 /// `super::Prefetch` picks for this CPU).
 macro_rules! loops {
-    ($pf:literal, $r2t4:ident, $r2t3:ident, $r3t2:ident) => {
+    ($pf:literal, $r4t1:ident, $r2t4:ident, $r2t3:ident, $r3t2:ident) => {
+        /// 4 rows x 1 token (the one-token pass); `acc` = the 4 rows'.
+        ///
+        /// # Safety
+        /// As the 2 x 4 loop, for 4 rows and 1 token.
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn $r4t1(p: Fp4Loop<__m256>, acc: &mut [__m256; 4]) {
+            let [mut s0, mut s1, mut s2, mut s3] = *acc;
+            // SAFETY: as in the 2 x 4 loop (rows 2 and 3 at q2 = q + 2 rb and q2 + rb, their
+            // scales at s2 = s + 2 nb and s2 + nb).
+            unsafe {
+                asm!(
+                    "2:",
+                    concat!($pf, " [{pn}]"),
+                    decode!("{q}", "{s}", "h0", "g0"),
+                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                    decode!("{q2}", "{s2}", "h2", "g2"),
+                    decode!("{q2} + {rb}", "{s2} + {nb}", "h3", "g3"),
+                    even!("a", "h0"),
+                    even!("b", "h1"),
+                    token!("{x}", "0", "r0", "a", "r1", "b"),
+                    even!("a", "h2"),
+                    even!("b", "h3"),
+                    fma!("r2", "a", "r3", "b"),
+                    odd!("a", "h0"),
+                    odd!("b", "h1"),
+                    token!("{x}", "32", "r0", "a", "r1", "b"),
+                    odd!("a", "h2"),
+                    odd!("b", "h3"),
+                    fma!("r2", "a", "r3", "b"),
+                    even!("a", "g0"),
+                    even!("b", "g1"),
+                    token!("{x}", "64", "r0", "a", "r1", "b"),
+                    even!("a", "g2"),
+                    even!("b", "g3"),
+                    fma!("r2", "a", "r3", "b"),
+                    odd!("a", "g0"),
+                    odd!("b", "g1"),
+                    token!("{x}", "96", "r0", "a", "r1", "b"),
+                    odd!("a", "g2"),
+                    odd!("b", "g3"),
+                    fma!("r2", "a", "r3", "b"),
+                    next_group!("4"),
+                    "add {q2}, 16",
+                    "add {s2}, 1",
+                    "dec {n}",
+                    "jnz 2b",
+                    q = inout(reg) p.q => _,
+                    q2 = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
+                    rb = in(reg) p.rb,
+                    s = inout(reg) p.scale => _,
+                    s2 = inout(reg) p.scale.wrapping_add(2 * p.nb) => _,
+                    nb = in(reg) p.nb,
+                    tab = in(reg) p.tables,
+                    x = inout(reg) p.x => _,
+                    pn = inout(reg) p.q.wrapping_add(4 * p.rb) => _,
+                    n = inout(reg) p.groups => _,
+                    ta = out(reg) _,
+                    k = sym K,
+                    a = out(ymm_reg) _,
+                    b = out(ymm_reg) _,
+                    c = out(ymm_reg) _,
+                    h0 = out(ymm_reg) _,
+                    g0 = out(ymm_reg) _,
+                    h1 = out(ymm_reg) _,
+                    g1 = out(ymm_reg) _,
+                    h2 = out(ymm_reg) _,
+                    g2 = out(ymm_reg) _,
+                    h3 = out(ymm_reg) _,
+                    g3 = out(ymm_reg) _,
+                    r0 = inout(ymm_reg) s0,
+                    r1 = inout(ymm_reg) s1,
+                    r2 = inout(ymm_reg) s2,
+                    r3 = inout(ymm_reg) s3,
+                    options(nostack, readonly),
+                );
+            }
+            *acc = [s0, s1, s2, s3];
+        }
+
         /// 2 rows x 4 tokens; `acc` = [row 0's 4 tokens, row 1's].
         ///
         /// # Safety
@@ -357,5 +444,5 @@ macro_rules! loops {
     };
 }
 
-loops!("prefetcht0", r2t4_l1, r2t3_l1, r3t2_l1);
-loops!("prefetcht1", r2t4_l2, r2t3_l2, r3t2_l2);
+loops!("prefetcht0", r4t1_l1, r2t4_l1, r2t3_l1, r3t2_l1);
+loops!("prefetcht1", r4t1_l2, r2t4_l2, r2t3_l2, r3t2_l2);
