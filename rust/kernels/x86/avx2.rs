@@ -11,6 +11,7 @@
 //! 32-bit lanes. One block's 16 bytes give 4 chunks in the order `fp4_col` states. Four
 //! FP4 rows share each x load in the one-token path (`FP4_X_BY_CHUNK`), eight FP8 and BF16
 //! rows; the prefill micro-kernel runs 4 rows x 3 tokens (12 accumulators of 16 registers).
+//! The FP4 passes of 1 to 4 tokens run as assembly loops (`fp4_loops`, `fp4_loop` below).
 
 use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Fp4Loop, Simd};
@@ -221,6 +222,12 @@ impl Simd for Avx2 {
     /// 110, 4 tokens 86, so passes were of at most 3 then.
     const FP4_PASS: usize = 4;
 
+    /// FP4 rows take passes of 4 tokens up to 16 tokens (since session 41: with the passes
+    /// as assembly loops, `fp4_loops`). Measured on Zen 4 (FP4 2048 x 4096, `kernels_ab
+    /// prefill`, share of the FMA peak, one thread, the former path -> passes): 5 tokens
+    /// 57-58 -> 61-62 %, 8 tokens 53-59 -> 73 % (the former 5-to-8-token panel loop, now
+    /// removed), 9 tokens 59-60 -> 66 %, 12 tokens 62-65 -> 73 %, 16 tokens 65-67 -> 73-74 %
+    /// (the panel path); two threads at 16 tokens 130 -> 146-151 GFLOP/s.
     const FP4_FUSED_MAX: usize = 16;
 
     /// Measured on Zen 4 (FP4 2048 x 4096, `kernels_ab prefill`, one thread, share of the
@@ -277,7 +284,8 @@ impl Simd for Avx2 {
         }
     }
 
-    /// 2 rows x 3 or 4 tokens and 3 rows x 2 tokens run as the loops of `fp4_loops`.
+    /// 4 rows x 1 token, 2 rows x 3 or 4 tokens and 3 rows x 2 tokens run as the assembly
+    /// loops of `fp4_loops`, with this CPU's read-ahead hint (`super::Prefetch`).
     #[inline(always)]
     unsafe fn fp4_loop(self, r: usize, p: Fp4Loop<__m256>, acc: &mut [__m256]) -> bool {
         use super::fp4_loops::*;
