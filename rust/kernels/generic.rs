@@ -109,6 +109,19 @@ pub(crate) trait Simd: Copy {
         // SAFETY: the caller's contract covers both halves.
         unsafe { (self.fp8_bits(p), self.fp8_bits(p.add(Self::LANES))) }
     }
+    /// `fp8_steps`' paired one-token chunks over R rows as the tier's own loop, where it has
+    /// one for R rows (`acc`: the R rows' accumulators): for each pair of chunks in order,
+    /// acc[k] = fma(w1, x1, fma(w0, x0, acc[k])) with the weights as their bits
+    /// (`fp8_bits_pair`), so the same bits as the compiled steps. Returns how many chunks
+    /// it did (2 x `p.pairs`, or 0 without a loop; the default).
+    ///
+    /// # Safety
+    /// `p` holds what `Fp8Loop` says for R rows, and `acc.len()` = R.
+    #[inline(always)]
+    unsafe fn fp8_bits_loop(self, r: usize, p: Fp8Loop, acc: &mut [Self::V]) -> usize {
+        let _ = (r, p, acc);
+        0
+    }
     /// 2L bytes of little-endian bf16.
     ///
     /// # Safety
@@ -602,6 +615,17 @@ unsafe fn fp8_steps<S: Simd, const R: usize, const T: usize, const BITS: bool>(
 ) {
     let l = S::LANES;
     let mut c = 0;
+    if BITS && T == 1 && full >= 2 {
+        let p = Fp8Loop {
+            q: qp,
+            cols,
+            x: xpp,
+            pairs: full / 2,
+        };
+        // SAFETY: R rows of `cols` bytes at qp and the token's first `full` chunks at xpp
+        // (the contract); acc holds R x 1 accumulators.
+        c = unsafe { s.fp8_bits_loop(R, p, acc.as_flattened_mut()) };
+    }
     while (BITS || S::FP8_PAIR) && c + 2 <= full {
         prefetch_next(s, qp.wrapping_add(R * cols), 2 * R * l, c / 2);
         // SAFETY: (c + 2) L <= full L, inside every token's row (the contract).
@@ -644,6 +668,23 @@ unsafe fn fp8_steps<S: Simd, const R: usize, const T: usize, const BITS: bool>(
         }
         c += 1;
     }
+}
+
+/// The paired one-token FP8 steps of `fp8_steps` as raw pointers, for a tier's own loop
+/// (`Simd::fp8_bits_loop`): for every row k < R, the first 2 L `pairs` bytes at `q` + k
+/// `cols` are readable, and so are the first 2 L `pairs` f32 at `x`.
+#[derive(Clone, Copy)]
+// only the AVX2 tier has such a loop (`x86::fp8_loops`)
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Fp8Loop {
+    /// row 0's first e4m3 byte
+    pub q: *const u8,
+    /// bytes (columns) from one row to the next
+    pub cols: usize,
+    /// the token's activations (f32, block scales times 2^112 in them: `driver::scale_x`)
+    pub x: *const f32,
+    /// pairs of L-column chunks per row
+    pub pairs: usize,
 }
 
 /// A whole FP4 pass of `rows_xt` as raw pointers, for a tier's own loop

@@ -11,10 +11,11 @@
 //! 32-bit lanes. One block's 16 bytes give 4 chunks in the order `fp4_col` states. Four
 //! FP4 rows share each x load in the one-token path (`FP4_X_BY_CHUNK`), eight FP8 and BF16
 //! rows; the prefill micro-kernel runs 4 rows x 3 tokens (12 accumulators of 16 registers).
-//! The FP4 passes of 1 to 4 tokens run as assembly loops (`fp4_loops`, `fp4_loop` below).
+//! The FP4 passes of 1 to 4 tokens and the one-token FP8 pass run as assembly loops
+//! (`fp4_loops`, `fp8_loops`; `fp4_loop` and `fp8_bits_loop` below).
 
 use super::super::driver::RowsView;
-use super::super::generic::{simd_kernel, Fp4Loop, Simd};
+use super::super::generic::{simd_kernel, Fp4Loop, Fp8Loop, Simd};
 use super::int8;
 use super::Prefetch;
 use crate::dtype::{e8m0_to_f32, E2M1_LUT};
@@ -177,6 +178,27 @@ impl Simd for Avx2 {
     unsafe fn fp8_bits_pair(self, p: *const u8) -> (__m256, __m256) {
         // SAFETY: see the impl; `p` is valid for 16 bytes (caller), two 8-byte halves.
         unsafe { (self.fp8_bits(p), self.fp8_bits(p.add(8))) }
+    }
+
+    /// 8 rows (the one-token pass) run as the assembly loop of `fp8_loops`, with this CPU's
+    /// read-ahead hint (`super::Prefetch`).
+    #[inline(always)]
+    unsafe fn fp8_bits_loop(self, r: usize, p: Fp8Loop, acc: &mut [__m256]) -> usize {
+        if r != 8 || p.pairs == 0 {
+            return 0;
+        }
+        let Ok(a) = <&mut [__m256; 8]>::try_from(acc) else {
+            return 0;
+        };
+        // SAFETY: see the impl; the caller's contract is the loop's (`Fp8Loop`).
+        unsafe {
+            if self.pf.l2 {
+                super::fp8_loops::r8_l2(p, a)
+            } else {
+                super::fp8_loops::r8_l1(p, a)
+            }
+        }
+        2 * p.pairs
     }
 
     #[inline(always)]

@@ -6,6 +6,7 @@ mod avx512;
 mod bf16;
 mod dot16;
 mod fp4_loops;
+mod fp8_loops;
 mod int8;
 
 pub(crate) use avx2::Avx2;
