@@ -315,44 +315,31 @@ impl Simd for Avx2 {
             return false;
         }
         let l2 = self.pf.l2;
+        // Runs the loop with R x T = `$n` accumulators (with this CPU's read-ahead hint) if
+        // `acc` holds that many.
+        macro_rules! run {
+            ($n:literal, $l1:ident, $l2:ident) => {
+                if let Ok(a) = <&mut [__m256; $n]>::try_from(&mut *acc) {
+                    if l2 {
+                        $l2(p, a)
+                    } else {
+                        $l1(p, a)
+                    }
+                    return true;
+                }
+            };
+        }
         // SAFETY: see the impl; the caller's contract is the loops' (`Fp4Loop`), and each
         // loop gets exactly its R x T accumulators.
         unsafe {
-            if r == 4 {
-                if let Ok(a) = <&mut [__m256; 4]>::try_from(&mut *acc) {
-                    if l2 {
-                        r4t1_l2(p, a)
-                    } else {
-                        r4t1_l1(p, a)
-                    }
-                    return true;
+            match r {
+                4 => run!(4, r4t1_l1, r4t1_l2),
+                2 => {
+                    run!(8, r2t4_l1, r2t4_l2);
+                    run!(6, r2t3_l1, r2t3_l2);
                 }
-            } else if r == 2 {
-                if let Ok(a) = <&mut [__m256; 8]>::try_from(&mut *acc) {
-                    if l2 {
-                        r2t4_l2(p, a)
-                    } else {
-                        r2t4_l1(p, a)
-                    }
-                    return true;
-                }
-                if let Ok(a) = <&mut [__m256; 6]>::try_from(&mut *acc) {
-                    if l2 {
-                        r2t3_l2(p, a)
-                    } else {
-                        r2t3_l1(p, a)
-                    }
-                    return true;
-                }
-            } else if r == 3 {
-                if let Ok(a) = <&mut [__m256; 6]>::try_from(&mut *acc) {
-                    if l2 {
-                        r3t2_l2(p, a)
-                    } else {
-                        r3t2_l1(p, a)
-                    }
-                    return true;
-                }
+                3 => run!(6, r3t2_l1, r3t2_l2),
+                _ => {}
             }
         }
         false
