@@ -128,6 +128,62 @@ macro_rules! fma {
     };
 }
 
+/// One chunk of a 4 x 1 loop: `$op` (`even!` or `odd!`) forms each row's chunk from its
+/// half (`$h0`..`$h3`), and the chunk of x at `$off` goes into the 4 rows' accumulators.
+macro_rules! chunk_4x1 {
+    ($op:ident, $h0:literal, $h1:literal, $h2:literal, $h3:literal, $off:literal) => {
+        concat!(
+            $op!("a", $h0),
+            $op!("b", $h1),
+            token!("{x}", $off, "r0", "a", "r1", "b"),
+            $op!("a", $h2),
+            $op!("b", $h3),
+            fma!("r2", "a", "r3", "b"),
+        )
+    };
+}
+
+/// One chunk of a 2 x 4 loop: the 2 rows' chunks from their halves, then each token's chunk
+/// of x at `$off` into both rows' accumulators for that token.
+macro_rules! chunk_2x4 {
+    ($op:ident, $h0:literal, $h1:literal, $off:literal) => {
+        concat!(
+            $op!("a", $h0),
+            $op!("b", $h1),
+            token!("{x}", $off, "s00", "a", "s10", "b"),
+            token!("{x} + {xs}", $off, "s01", "a", "s11", "b"),
+            token!("{x} + {xs}*2", $off, "s02", "a", "s12", "b"),
+            token!("{x3}", $off, "s03", "a", "s13", "b"),
+        )
+    };
+}
+
+/// One chunk of a 2 x 3 loop (as `chunk_2x4`, 3 tokens).
+macro_rules! chunk_2x3 {
+    ($op:ident, $h0:literal, $h1:literal, $off:literal) => {
+        concat!(
+            $op!("a", $h0),
+            $op!("b", $h1),
+            token!("{x}", $off, "s00", "a", "s10", "b"),
+            token!("{x} + {xs}", $off, "s01", "a", "s11", "b"),
+            token!("{x} + {xs}*2", $off, "s02", "a", "s12", "b"),
+        )
+    };
+}
+
+/// One chunk of a 3 x 2 loop (as `chunk_2x4`, 3 rows and 2 tokens).
+macro_rules! chunk_3x2 {
+    ($op:ident, $h0:literal, $h1:literal, $h2:literal, $off:literal) => {
+        concat!(
+            $op!("a", $h0),
+            $op!("b", $h1),
+            $op!("w", $h2),
+            token!("{x}", $off, "s00", "a", "s10", "b", "s20", "w"),
+            token!("{x} + {xs}", $off, "s01", "a", "s11", "b", "s21", "w"),
+        )
+    };
+}
+
 /// The loop's tail: every pointer moves one group on, the read-ahead one group of the R
 /// rows after these.
 macro_rules! next_group {
@@ -164,30 +220,10 @@ macro_rules! loops {
                     decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
                     decode!("{q2}", "{s2}", "h2", "g2"),
                     decode!("{q2} + {rb}", "{s2} + {nb}", "h3", "g3"),
-                    even!("a", "h0"),
-                    even!("b", "h1"),
-                    token!("{x}", "0", "r0", "a", "r1", "b"),
-                    even!("a", "h2"),
-                    even!("b", "h3"),
-                    fma!("r2", "a", "r3", "b"),
-                    odd!("a", "h0"),
-                    odd!("b", "h1"),
-                    token!("{x}", "32", "r0", "a", "r1", "b"),
-                    odd!("a", "h2"),
-                    odd!("b", "h3"),
-                    fma!("r2", "a", "r3", "b"),
-                    even!("a", "g0"),
-                    even!("b", "g1"),
-                    token!("{x}", "64", "r0", "a", "r1", "b"),
-                    even!("a", "g2"),
-                    even!("b", "g3"),
-                    fma!("r2", "a", "r3", "b"),
-                    odd!("a", "g0"),
-                    odd!("b", "g1"),
-                    token!("{x}", "96", "r0", "a", "r1", "b"),
-                    odd!("a", "g2"),
-                    odd!("b", "g3"),
-                    fma!("r2", "a", "r3", "b"),
+                    chunk_4x1!(even, "h0", "h1", "h2", "h3", "0"),
+                    chunk_4x1!(odd, "h0", "h1", "h2", "h3", "32"),
+                    chunk_4x1!(even, "g0", "g1", "g2", "g3", "64"),
+                    chunk_4x1!(odd, "g0", "g1", "g2", "g3", "96"),
                     next_group!("4"),
                     "add {q2}, 16",
                     "add {s2}, 1",
@@ -243,30 +279,10 @@ macro_rules! loops {
                     concat!($pf, " [{pn}]"),
                     decode!("{q}", "{s}", "h0", "g0"),
                     decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                    even!("a", "h0"),
-                    even!("b", "h1"),
-                    token!("{x}", "0", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "0", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "0", "s02", "a", "s12", "b"),
-                    token!("{x3}", "0", "s03", "a", "s13", "b"),
-                    odd!("a", "h0"),
-                    odd!("b", "h1"),
-                    token!("{x}", "32", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "32", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "32", "s02", "a", "s12", "b"),
-                    token!("{x3}", "32", "s03", "a", "s13", "b"),
-                    even!("a", "g0"),
-                    even!("b", "g1"),
-                    token!("{x}", "64", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "64", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "64", "s02", "a", "s12", "b"),
-                    token!("{x3}", "64", "s03", "a", "s13", "b"),
-                    odd!("a", "g0"),
-                    odd!("b", "g1"),
-                    token!("{x}", "96", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "96", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "96", "s02", "a", "s12", "b"),
-                    token!("{x3}", "96", "s03", "a", "s13", "b"),
+                    chunk_2x4!(even, "h0", "h1", "0"),
+                    chunk_2x4!(odd, "h0", "h1", "32"),
+                    chunk_2x4!(even, "g0", "g1", "64"),
+                    chunk_2x4!(odd, "g0", "g1", "96"),
                     next_group!("2"),
                     "add {x3}, 128",
                     "dec {n}",
@@ -318,26 +334,10 @@ macro_rules! loops {
                     concat!($pf, " [{pn}]"),
                     decode!("{q}", "{s}", "h0", "g0"),
                     decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                    even!("a", "h0"),
-                    even!("b", "h1"),
-                    token!("{x}", "0", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "0", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "0", "s02", "a", "s12", "b"),
-                    odd!("a", "h0"),
-                    odd!("b", "h1"),
-                    token!("{x}", "32", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "32", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "32", "s02", "a", "s12", "b"),
-                    even!("a", "g0"),
-                    even!("b", "g1"),
-                    token!("{x}", "64", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "64", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "64", "s02", "a", "s12", "b"),
-                    odd!("a", "g0"),
-                    odd!("b", "g1"),
-                    token!("{x}", "96", "s00", "a", "s10", "b"),
-                    token!("{x} + {xs}", "96", "s01", "a", "s11", "b"),
-                    token!("{x} + {xs}*2", "96", "s02", "a", "s12", "b"),
+                    chunk_2x3!(even, "h0", "h1", "0"),
+                    chunk_2x3!(odd, "h0", "h1", "32"),
+                    chunk_2x3!(even, "g0", "g1", "64"),
+                    chunk_2x3!(odd, "g0", "g1", "96"),
                     next_group!("2"),
                     "dec {n}",
                     "jnz 2b",
@@ -386,26 +386,10 @@ macro_rules! loops {
                     decode!("{q}", "{s}", "h0", "g0"),
                     decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
                     decode!("{q} + {rb}*2", "{s} + {nb}*2", "h2", "g2"),
-                    even!("a", "h0"),
-                    even!("b", "h1"),
-                    even!("w", "h2"),
-                    token!("{x}", "0", "s00", "a", "s10", "b", "s20", "w"),
-                    token!("{x} + {xs}", "0", "s01", "a", "s11", "b", "s21", "w"),
-                    odd!("a", "h0"),
-                    odd!("b", "h1"),
-                    odd!("w", "h2"),
-                    token!("{x}", "32", "s00", "a", "s10", "b", "s20", "w"),
-                    token!("{x} + {xs}", "32", "s01", "a", "s11", "b", "s21", "w"),
-                    even!("a", "g0"),
-                    even!("b", "g1"),
-                    even!("w", "g2"),
-                    token!("{x}", "64", "s00", "a", "s10", "b", "s20", "w"),
-                    token!("{x} + {xs}", "64", "s01", "a", "s11", "b", "s21", "w"),
-                    odd!("a", "g0"),
-                    odd!("b", "g1"),
-                    odd!("w", "g2"),
-                    token!("{x}", "96", "s00", "a", "s10", "b", "s20", "w"),
-                    token!("{x} + {xs}", "96", "s01", "a", "s11", "b", "s21", "w"),
+                    chunk_3x2!(even, "h0", "h1", "h2", "0"),
+                    chunk_3x2!(odd, "h0", "h1", "h2", "32"),
+                    chunk_3x2!(even, "g0", "g1", "g2", "64"),
+                    chunk_3x2!(odd, "g0", "g1", "g2", "96"),
                     next_group!("3"),
                     "dec {n}",
                     "jnz 2b",
