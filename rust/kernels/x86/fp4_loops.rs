@@ -199,6 +199,42 @@ macro_rules! next_group {
     };
 }
 
+/// One loop's `asm!`: the read-ahead hint `$pf` on `{pn}` (the group `$rows` rows on), the
+/// loop body `$body` (decode, chunks, `next_group!`), the count down, and the operands every
+/// loop shares (`Fp4Loop` `$p`'s pointers and strides, the scratch registers `a`, `b`, `c`
+/// and rows 0 and 1's halves) before the loop's own (`$own`: more rows' halves, the
+/// accumulators, extra pointers).
+macro_rules! fp4_asm {
+    ($pf:literal, $p:ident, $rows:literal, [$($body:expr),+ $(,)?], $($own:tt)*) => {
+        asm!(
+            "2:",
+            concat!($pf, " [{pn}]"),
+            $($body,)+
+            "dec {n}",
+            "jnz 2b",
+            q = inout(reg) $p.q => _,
+            rb = in(reg) $p.rb,
+            s = inout(reg) $p.scale => _,
+            nb = in(reg) $p.nb,
+            tab = in(reg) $p.tables,
+            x = inout(reg) $p.x => _,
+            pn = inout(reg) $p.q.wrapping_add($rows * $p.rb) => _,
+            n = inout(reg) $p.groups => _,
+            ta = out(reg) _,
+            k = sym K,
+            a = out(ymm_reg) _,
+            b = out(ymm_reg) _,
+            c = out(ymm_reg) _,
+            h0 = out(ymm_reg) _,
+            g0 = out(ymm_reg) _,
+            h1 = out(ymm_reg) _,
+            g1 = out(ymm_reg) _,
+            $($own)*
+            options(nostack, readonly),
+        )
+    };
+}
+
 /// The four loops for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
 /// `super::Prefetch` picks for this CPU).
 macro_rules! loops {
@@ -213,41 +249,25 @@ macro_rules! loops {
             // SAFETY: as in the 2 x 4 loop (rows 2 and 3 at q2 = q + 2 rb and q2 + rb, their
             // scales at s2 = s + 2 nb and s2 + nb).
             unsafe {
-                asm!(
-                    "2:",
-                    concat!($pf, " [{pn}]"),
-                    decode!("{q}", "{s}", "h0", "g0"),
-                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                    decode!("{q2}", "{s2}", "h2", "g2"),
-                    decode!("{q2} + {rb}", "{s2} + {nb}", "h3", "g3"),
-                    chunk_4x1!(even, "h0", "h1", "h2", "h3", "0"),
-                    chunk_4x1!(odd, "h0", "h1", "h2", "h3", "32"),
-                    chunk_4x1!(even, "g0", "g1", "g2", "g3", "64"),
-                    chunk_4x1!(odd, "g0", "g1", "g2", "g3", "96"),
-                    next_group!("4"),
-                    "add {q2}, 16",
-                    "add {s2}, 1",
-                    "dec {n}",
-                    "jnz 2b",
-                    q = inout(reg) p.q => _,
+                fp4_asm!(
+                    $pf,
+                    p,
+                    4,
+                    [
+                        decode!("{q}", "{s}", "h0", "g0"),
+                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                        decode!("{q2}", "{s2}", "h2", "g2"),
+                        decode!("{q2} + {rb}", "{s2} + {nb}", "h3", "g3"),
+                        chunk_4x1!(even, "h0", "h1", "h2", "h3", "0"),
+                        chunk_4x1!(odd, "h0", "h1", "h2", "h3", "32"),
+                        chunk_4x1!(even, "g0", "g1", "g2", "g3", "64"),
+                        chunk_4x1!(odd, "g0", "g1", "g2", "g3", "96"),
+                        next_group!("4"),
+                        "add {q2}, 16",
+                        "add {s2}, 1",
+                    ],
                     q2 = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
-                    rb = in(reg) p.rb,
-                    s = inout(reg) p.scale => _,
                     s2 = inout(reg) p.scale.wrapping_add(2 * p.nb) => _,
-                    nb = in(reg) p.nb,
-                    tab = in(reg) p.tables,
-                    x = inout(reg) p.x => _,
-                    pn = inout(reg) p.q.wrapping_add(4 * p.rb) => _,
-                    n = inout(reg) p.groups => _,
-                    ta = out(reg) _,
-                    k = sym K,
-                    a = out(ymm_reg) _,
-                    b = out(ymm_reg) _,
-                    c = out(ymm_reg) _,
-                    h0 = out(ymm_reg) _,
-                    g0 = out(ymm_reg) _,
-                    h1 = out(ymm_reg) _,
-                    g1 = out(ymm_reg) _,
                     h2 = out(ymm_reg) _,
                     g2 = out(ymm_reg) _,
                     h3 = out(ymm_reg) _,
@@ -256,7 +276,6 @@ macro_rules! loops {
                     r1 = inout(ymm_reg) s1,
                     r2 = inout(ymm_reg) s2,
                     r3 = inout(ymm_reg) s3,
-                    options(nostack, readonly),
                 );
             }
             *acc = [s0, s1, s2, s3];
@@ -274,38 +293,22 @@ macro_rules! loops {
             // the read-ahead may point anywhere (a prefetch never faults). The block writes
             // no memory and leaves the stack alone; the loop runs `groups` >= 1 times.
             unsafe {
-                asm!(
-                    "2:",
-                    concat!($pf, " [{pn}]"),
-                    decode!("{q}", "{s}", "h0", "g0"),
-                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                    chunk_2x4!(even, "h0", "h1", "0"),
-                    chunk_2x4!(odd, "h0", "h1", "32"),
-                    chunk_2x4!(even, "g0", "g1", "64"),
-                    chunk_2x4!(odd, "g0", "g1", "96"),
-                    next_group!("2"),
-                    "add {x3}, 128",
-                    "dec {n}",
-                    "jnz 2b",
-                    q = inout(reg) p.q => _,
-                    rb = in(reg) p.rb,
-                    s = inout(reg) p.scale => _,
-                    nb = in(reg) p.nb,
-                    tab = in(reg) p.tables,
-                    x = inout(reg) p.x => _,
+                fp4_asm!(
+                    $pf,
+                    p,
+                    2,
+                    [
+                        decode!("{q}", "{s}", "h0", "g0"),
+                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                        chunk_2x4!(even, "h0", "h1", "0"),
+                        chunk_2x4!(odd, "h0", "h1", "32"),
+                        chunk_2x4!(even, "g0", "g1", "64"),
+                        chunk_2x4!(odd, "g0", "g1", "96"),
+                        next_group!("2"),
+                        "add {x3}, 128",
+                    ],
                     x3 = inout(reg) p.x.wrapping_add(3 * p.xs) => _,
                     xs = in(reg) p.xs * 4,
-                    pn = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
-                    n = inout(reg) p.groups => _,
-                    ta = out(reg) _,
-                    k = sym K,
-                    a = out(ymm_reg) _,
-                    b = out(ymm_reg) _,
-                    c = out(ymm_reg) _,
-                    h0 = out(ymm_reg) _,
-                    g0 = out(ymm_reg) _,
-                    h1 = out(ymm_reg) _,
-                    g1 = out(ymm_reg) _,
                     s00 = inout(ymm_reg) s00,
                     s01 = inout(ymm_reg) s01,
                     s02 = inout(ymm_reg) s02,
@@ -314,7 +317,6 @@ macro_rules! loops {
                     s11 = inout(ymm_reg) s11,
                     s12 = inout(ymm_reg) s12,
                     s13 = inout(ymm_reg) s13,
-                    options(nostack, readonly),
                 );
             }
             *acc = [s00, s01, s02, s03, s10, s11, s12, s13];
@@ -329,43 +331,26 @@ macro_rules! loops {
             let [mut s00, mut s01, mut s02, mut s10, mut s11, mut s12] = *acc;
             // SAFETY: as in the 2 x 4 loop.
             unsafe {
-                asm!(
-                    "2:",
-                    concat!($pf, " [{pn}]"),
-                    decode!("{q}", "{s}", "h0", "g0"),
-                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                    chunk_2x3!(even, "h0", "h1", "0"),
-                    chunk_2x3!(odd, "h0", "h1", "32"),
-                    chunk_2x3!(even, "g0", "g1", "64"),
-                    chunk_2x3!(odd, "g0", "g1", "96"),
-                    next_group!("2"),
-                    "dec {n}",
-                    "jnz 2b",
-                    q = inout(reg) p.q => _,
-                    rb = in(reg) p.rb,
-                    s = inout(reg) p.scale => _,
-                    nb = in(reg) p.nb,
-                    tab = in(reg) p.tables,
-                    x = inout(reg) p.x => _,
+                fp4_asm!(
+                    $pf,
+                    p,
+                    2,
+                    [
+                        decode!("{q}", "{s}", "h0", "g0"),
+                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                        chunk_2x3!(even, "h0", "h1", "0"),
+                        chunk_2x3!(odd, "h0", "h1", "32"),
+                        chunk_2x3!(even, "g0", "g1", "64"),
+                        chunk_2x3!(odd, "g0", "g1", "96"),
+                        next_group!("2"),
+                    ],
                     xs = in(reg) p.xs * 4,
-                    pn = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
-                    n = inout(reg) p.groups => _,
-                    ta = out(reg) _,
-                    k = sym K,
-                    a = out(ymm_reg) _,
-                    b = out(ymm_reg) _,
-                    c = out(ymm_reg) _,
-                    h0 = out(ymm_reg) _,
-                    g0 = out(ymm_reg) _,
-                    h1 = out(ymm_reg) _,
-                    g1 = out(ymm_reg) _,
                     s00 = inout(ymm_reg) s00,
                     s01 = inout(ymm_reg) s01,
                     s02 = inout(ymm_reg) s02,
                     s10 = inout(ymm_reg) s10,
                     s11 = inout(ymm_reg) s11,
                     s12 = inout(ymm_reg) s12,
-                    options(nostack, readonly),
                 );
             }
             *acc = [s00, s01, s02, s10, s11, s12];
@@ -380,38 +365,22 @@ macro_rules! loops {
             let [mut s00, mut s01, mut s10, mut s11, mut s20, mut s21] = *acc;
             // SAFETY: as in the 2 x 4 loop (row 2 at q + 2 rb, its scales at s + 2 nb).
             unsafe {
-                asm!(
-                    "2:",
-                    concat!($pf, " [{pn}]"),
-                    decode!("{q}", "{s}", "h0", "g0"),
-                    decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                    decode!("{q} + {rb}*2", "{s} + {nb}*2", "h2", "g2"),
-                    chunk_3x2!(even, "h0", "h1", "h2", "0"),
-                    chunk_3x2!(odd, "h0", "h1", "h2", "32"),
-                    chunk_3x2!(even, "g0", "g1", "g2", "64"),
-                    chunk_3x2!(odd, "g0", "g1", "g2", "96"),
-                    next_group!("3"),
-                    "dec {n}",
-                    "jnz 2b",
-                    q = inout(reg) p.q => _,
-                    rb = in(reg) p.rb,
-                    s = inout(reg) p.scale => _,
-                    nb = in(reg) p.nb,
-                    tab = in(reg) p.tables,
-                    x = inout(reg) p.x => _,
+                fp4_asm!(
+                    $pf,
+                    p,
+                    3,
+                    [
+                        decode!("{q}", "{s}", "h0", "g0"),
+                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                        decode!("{q} + {rb}*2", "{s} + {nb}*2", "h2", "g2"),
+                        chunk_3x2!(even, "h0", "h1", "h2", "0"),
+                        chunk_3x2!(odd, "h0", "h1", "h2", "32"),
+                        chunk_3x2!(even, "g0", "g1", "g2", "64"),
+                        chunk_3x2!(odd, "g0", "g1", "g2", "96"),
+                        next_group!("3"),
+                    ],
                     xs = in(reg) p.xs * 4,
-                    pn = inout(reg) p.q.wrapping_add(3 * p.rb) => _,
-                    n = inout(reg) p.groups => _,
-                    ta = out(reg) _,
-                    k = sym K,
-                    a = out(ymm_reg) _,
-                    b = out(ymm_reg) _,
-                    c = out(ymm_reg) _,
                     w = out(ymm_reg) _,
-                    h0 = out(ymm_reg) _,
-                    g0 = out(ymm_reg) _,
-                    h1 = out(ymm_reg) _,
-                    g1 = out(ymm_reg) _,
                     h2 = out(ymm_reg) _,
                     g2 = out(ymm_reg) _,
                     s00 = inout(ymm_reg) s00,
@@ -420,7 +389,6 @@ macro_rules! loops {
                     s11 = inout(ymm_reg) s11,
                     s20 = inout(ymm_reg) s20,
                     s21 = inout(ymm_reg) s21,
-                    options(nostack, readonly),
                 );
             }
             *acc = [s00, s01, s10, s11, s20, s21];
