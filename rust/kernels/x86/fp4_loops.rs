@@ -184,6 +184,22 @@ macro_rules! chunk_3x2 {
     };
 }
 
+/// One group of a 2-row loop: both rows decoded (halves `h`, `g`), its four chunks through
+/// `$chunk` (`chunk_2x4` or `chunk_2x3`), then `next_group!`.
+macro_rules! group_2rows {
+    ($chunk:ident) => {
+        concat!(
+            decode!("{q}", "{s}", "h0", "g0"),
+            decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+            $chunk!(even, "h0", "h1", "0"),
+            $chunk!(odd, "h0", "h1", "32"),
+            $chunk!(even, "g0", "g1", "64"),
+            $chunk!(odd, "g0", "g1", "96"),
+            next_group!("2"),
+        )
+    };
+}
+
 /// The loop's tail: every pointer moves one group on, the read-ahead one group of the R
 /// rows after these.
 macro_rules! next_group {
@@ -298,13 +314,7 @@ macro_rules! loops {
                     p,
                     2,
                     [
-                        decode!("{q}", "{s}", "h0", "g0"),
-                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                        chunk_2x4!(even, "h0", "h1", "0"),
-                        chunk_2x4!(odd, "h0", "h1", "32"),
-                        chunk_2x4!(even, "g0", "g1", "64"),
-                        chunk_2x4!(odd, "g0", "g1", "96"),
-                        next_group!("2"),
+                        group_2rows!(chunk_2x4),
                         "add {x3}, 128",
                     ],
                     x3 = inout(reg) p.x.wrapping_add(3 * p.xs) => _,
@@ -336,13 +346,7 @@ macro_rules! loops {
                     p,
                     2,
                     [
-                        decode!("{q}", "{s}", "h0", "g0"),
-                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                        chunk_2x3!(even, "h0", "h1", "0"),
-                        chunk_2x3!(odd, "h0", "h1", "32"),
-                        chunk_2x3!(even, "g0", "g1", "64"),
-                        chunk_2x3!(odd, "g0", "g1", "96"),
-                        next_group!("2"),
+                        group_2rows!(chunk_2x3),
                     ],
                     xs = in(reg) p.xs * 4,
                     s00 = inout(ymm_reg) s00,
