@@ -82,7 +82,71 @@ pub struct ModelConfig {
     pub bos_token_id: u32,
     pub eos_token_id: u32,
     pub max_position_embeddings: usize,
+    /// `compress_ratios` as written: one entry per layer, then one per drafter stage.
+    pub compress_ratios: Vec<usize>,
+    /// `num_nextn_predict_layers` (0 when absent).
+    pub nextn_layers: usize,
+    /// The drafter the config describes (the engine does not run it yet).
+    pub drafter: Drafter,
 }
+
+/// The drafter a checkpoint carries besides the model, as its config describes it. Its tensors
+/// are listed by `checkpoint::expected::drafter_tensors`; the engine reads none of them yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drafter {
+    None,
+    /// The first release's multi-token-prediction block(s) `mtp.0..` (`e_proj`, `h_proj`,
+    /// `enorm`, `hnorm`): `num_nextn_predict_layers` of them.
+    Mtp {
+        blocks: usize,
+    },
+    /// The 0731 release's DSpark drafter (`dspark_*` keys): stages `mtp.0..`, one per
+    /// `compress_ratios` entry after the layers.
+    DSpark(DSpark),
+}
+
+impl Drafter {
+    /// The name `info` and `doctor` print.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Drafter::None => "none",
+            Drafter::Mtp { .. } => "MTP block",
+            Drafter::DSpark(_) => "DSpark",
+        }
+    }
+
+    /// Blocks (MTP) or stages (DSpark): `mtp.0` .. `mtp.{n-1}`.
+    pub fn blocks(&self) -> usize {
+        match self {
+            Drafter::None => 0,
+            Drafter::Mtp { blocks } => *blocks,
+            Drafter::DSpark(d) => d.stages,
+        }
+    }
+}
+
+/// The `dspark_*` keys of a 0731 config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DSpark {
+    /// Stages `mtp.0..stages`: the `compress_ratios` entries after the layers.
+    pub stages: usize,
+    /// `dspark_block_size`: the draft block, the last token followed by noise tokens.
+    pub block_size: usize,
+    /// `dspark_noise_token_id`: the token that fills the block's drafted positions.
+    pub noise_token_id: u32,
+    /// `dspark_target_layer_ids`: the layers whose hidden states feed `main_proj`.
+    pub target_layer_ids: Vec<usize>,
+    /// `dspark_markov_rank`: the Markov head's rank.
+    pub markov_rank: usize,
+}
+
+/// The config keys of the DSpark drafter; they come together.
+pub const DSPARK_KEYS: [&str; 4] = [
+    "dspark_block_size",
+    "dspark_noise_token_id",
+    "dspark_target_layer_ids",
+    "dspark_markov_rank",
+];
 
 /// A JSON value as it appears in a message: its text, cut after 60 characters.
 fn short(v: &Value) -> String {
@@ -192,12 +256,50 @@ pub const PUBLISHED_CONFIG: &str = r#"{
   "vocab_size": 129280
 }"#;
 
+/// What the 0731 release (deepseek-ai/DeepSeek-V4-Flash-0731) changes in `PUBLISHED_CONFIG`:
+/// one `compress_ratios` entry per DSpark drafter stage after the layers' (three, 0: sliding
+/// window), and the four `dspark_*` keys. Every other key keeps its value.
+pub const PUBLISHED_0731_CHANGES: &str = r#"{
+  "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0, 0, 0],
+  "dspark_block_size": 5,
+  "dspark_noise_token_id": 128799,
+  "dspark_target_layer_ids": [40, 41, 42],
+  "dspark_markov_rank": 256
+}"#;
+
+/// The published config.json of a release: `"first"` (DeepSeek-V4-Flash) or `"0731"`.
+pub fn published_config(release: &str) -> Result<Value> {
+    let parse = |t: &str| -> Value {
+        serde_json::from_str(t).expect("the published configs are valid JSON")
+    };
+    let mut v = parse(PUBLISHED_CONFIG);
+    match release {
+        "first" => {}
+        "0731" => {
+            if let (Some(o), Value::Object(changes)) =
+                (v.as_object_mut(), parse(PUBLISHED_0731_CHANGES))
+            {
+                o.extend(changes);
+            }
+        }
+        r => {
+            return Err(Error::arg(format!(
+                "unknown release {r:?} (expected \"first\" or \"0731\")"
+            )))
+        }
+    }
+    Ok(v)
+}
+
 /// Validates a parsed config.json (`ModelConfig::from_json`) and returns the config with its
 /// summary under config.json's names, which is what the Python `Config` holds: every value the
 /// engine reads (the numbers exactly as written, although the engine computes with some of
-/// them in f32), `compress_ratios` cut to the layers (the MTP entry dropped), `layer_types`
-/// (`LayerKind::name`) and `rope_scaling` with its defaults filled in, or null. With
-/// `"model_type": "deepseek_v4"` added, the summary validates to the same config.
+/// them in f32), `compress_ratios` as written (the layers', then the drafter's entries),
+/// `num_nextn_predict_layers`, the `dspark_*` keys (null without a DSpark drafter), and three derived
+/// entries: `layer_types` (`LayerKind::name`, one per layer), `drafter` (null or
+/// `{"kind": "mtp" | "dspark", "blocks": n}`) and `rope_scaling` with its defaults filled in,
+/// or null. With `"model_type": "deepseek_v4"` added and `layer_types` and `drafter` left
+/// out, the summary validates to the same config.
 pub fn validate_json(v: &Value) -> Result<(ModelConfig, Value)> {
     let c = ModelConfig::from_json(v)?;
     let o = v
@@ -240,10 +342,28 @@ pub fn validate_json(v: &Value) -> Result<(ModelConfig, Value)> {
     ] {
         s.insert(k.into(), num(o, k)?.into());
     }
-    let ratios: Vec<Value> = c.layer_kinds.iter().map(|k| k.ratio().into()).collect();
-    s.insert("compress_ratios".into(), ratios.into());
+    s.insert("compress_ratios".into(), c.compress_ratios.clone().into());
     let kinds: Vec<Value> = c.layer_kinds.iter().map(|k| k.name().into()).collect();
     s.insert("layer_types".into(), kinds.into());
+    s.insert("num_nextn_predict_layers".into(), c.nextn_layers.into());
+    for k in DSPARK_KEYS {
+        s.insert(k.into(), Value::Null);
+    }
+    let drafter = match &c.drafter {
+        Drafter::None => Value::Null,
+        Drafter::Mtp { blocks } => serde_json::json!({"kind": "mtp", "blocks": blocks}),
+        Drafter::DSpark(d) => {
+            s.insert("dspark_block_size".into(), d.block_size.into());
+            s.insert("dspark_noise_token_id".into(), d.noise_token_id.into());
+            s.insert(
+                "dspark_target_layer_ids".into(),
+                d.target_layer_ids.clone().into(),
+            );
+            s.insert("dspark_markov_rank".into(), d.markov_rank.into());
+            serde_json::json!({"kind": "dspark", "blocks": d.stages})
+        }
+    };
+    s.insert("drafter".into(), drafter);
     let rope = match c.yarn {
         None => Value::Null,
         Some(y) => serde_json::json!({
@@ -293,6 +413,13 @@ impl ModelConfig {
             .ok_or_else(|| Error::config("the top level must be a JSON object"))?;
         match o.get("model_type") {
             Some(Value::String(s)) if s == "deepseek_v4" => {}
+            Some(Value::String(s)) if s == "deepseek_v41" => {
+                return Err(Error::config(
+                    "\"model_type\" is \"deepseek_v41\": this is DeepSeek V4.1, a different architecture \
+                     (Engram memory, the model under \"text_config\") that v4flash does not support yet; \
+                     v4flash runs DeepSeek V4 Flash (\"deepseek_v4\": DeepSeek-V4-Flash or DeepSeek-V4-Flash-0731)",
+                ))
+            }
             Some(other) => {
                 return Err(Error::config(format!(
                     "\"model_type\" is {}, expected \"deepseek_v4\" (v4flash runs DeepSeek V4 Flash only)",
@@ -320,39 +447,36 @@ impl ModelConfig {
             None => 0,
             Some(_) => uint(o, "num_nextn_predict_layers")?,
         };
-        if ratios.len() != num_layers && Some(ratios.len()) != num_layers.checked_add(nextn) {
+        if ratios.len() < num_layers {
             return Err(Error::config(format!(
-                "\"compress_ratios\" has {} entries, expected num_hidden_layers ({num_layers}){}",
-                ratios.len(),
-                if nextn > 0 {
-                    format!(
-                        " or num_hidden_layers + num_nextn_predict_layers ({})",
-                        num_layers.saturating_add(nextn)
-                    )
-                } else {
-                    String::new()
-                }
+                "\"compress_ratios\" has {} entries, expected at least num_hidden_layers ({num_layers}): \
+                 one per layer (entries after those belong to the drafter)",
+                ratios.len()
             )));
         }
-        let mut layer_kinds = Vec::with_capacity(num_layers);
-        for (i, r) in ratios.iter().take(num_layers).enumerate() {
+        let mut compress_ratios = Vec::with_capacity(ratios.len());
+        for (i, r) in ratios.iter().enumerate() {
             let m = r.as_u64().ok_or_else(|| {
                 Error::config(format!(
                     "compress_ratios[{i}] must be a non-negative integer, found {}",
                     short(r)
                 ))
             })?;
-            layer_kinds.push(match m {
+            if m > 1 << 20 {
+                return Err(Error::config(format!(
+                    "compress_ratios[{i}] = {m} is implausibly large"
+                )));
+            }
+            compress_ratios.push(m as usize);
+        }
+        let layer_kinds = compress_ratios[..num_layers]
+            .iter()
+            .map(|&m| match m {
                 0 => LayerKind::Sliding,
                 4 => LayerKind::Csa { ratio: 4 },
-                m if m <= 1 << 20 => LayerKind::Hca { ratio: m as usize },
-                m => {
-                    return Err(Error::config(format!(
-                        "compress_ratios[{i}] = {m} is implausibly large"
-                    )))
-                }
-            });
-        }
+                m => LayerKind::Hca { ratio: m },
+            })
+            .collect();
         let yarn = match o.get("rope_scaling") {
             None | Some(Value::Null) => None,
             Some(Value::Object(rs)) => {
@@ -449,9 +573,13 @@ impl ModelConfig {
                 None => 1 << 20,
                 Some(_) => pos(o, "max_position_embeddings")?,
             },
+            drafter: Drafter::None,
+            compress_ratios,
+            nextn_layers: nextn,
         };
         c.check()?;
-        Ok(c)
+        let drafter = drafter(o, &c)?;
+        Ok(ModelConfig { drafter, ..c })
     }
 
     fn check(&self) -> Result<()> {
@@ -557,6 +685,97 @@ impl ModelConfig {
     }
 }
 
+/// The drafter of a validated config: DSpark when any `dspark_*` key is present (then all
+/// four must be, valid, with at least one `compress_ratios` entry after the layers for its
+/// stages), else the first release's MTP block(s) when `num_nextn_predict_layers` > 0.
+fn drafter(o: &Map<String, Value>, c: &ModelConfig) -> Result<Drafter> {
+    // null counts as absent (the summary writes null for a config without a DSpark drafter)
+    let has = |k: &str| o.get(k).is_some_and(|v| !v.is_null());
+    let given: Vec<&str> = DSPARK_KEYS.iter().copied().filter(|k| has(k)).collect();
+    if given.is_empty() {
+        return Ok(match c.nextn_layers {
+            0 => Drafter::None,
+            n => Drafter::Mtp { blocks: n },
+        });
+    }
+    if let Some(k) = DSPARK_KEYS.iter().find(|k| !has(k)) {
+        return Err(Error::config(format!(
+            "missing key \"{k}\" (a DSpark drafter's four dspark_* keys come together; found {})",
+            given.join(", ")
+        )));
+    }
+    let bad = |m: String| Err(Error::config(m));
+    let block_size = uint(o, "dspark_block_size")?;
+    if !(2..=1024).contains(&block_size) {
+        return bad(format!(
+            "\"dspark_block_size\" = {block_size} must be between 2 (the last token and one drafted position) and 1024"
+        ));
+    }
+    let noise = uint(o, "dspark_noise_token_id")?;
+    if noise >= c.vocab_size {
+        return bad(format!(
+            "\"dspark_noise_token_id\" = {noise} is outside the vocabulary (vocab_size {})",
+            c.vocab_size
+        ));
+    }
+    let markov_rank = pos(o, "dspark_markov_rank")?;
+    if markov_rank > 1 << 16 {
+        return bad(format!(
+            "\"dspark_markov_rank\" = {markov_rank} is implausibly large (at most 65536)"
+        ));
+    }
+    let ids = match o.get("dspark_target_layer_ids") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(v) => {
+            return bad(format!(
+                "\"dspark_target_layer_ids\" must be a non-empty list of layer numbers, found {}",
+                short(v)
+            ))
+        }
+        None => unreachable!("checked above"),
+    };
+    let mut target_layer_ids = Vec::with_capacity(ids.len());
+    for (i, v) in ids.iter().enumerate() {
+        match v.as_u64() {
+            Some(l) if (l as usize) < c.num_layers && l <= u32::MAX as u64 => {
+                if target_layer_ids.contains(&(l as usize)) {
+                    return bad(format!(
+                        "dspark_target_layer_ids[{i}] = {l} is listed twice"
+                    ));
+                }
+                target_layer_ids.push(l as usize)
+            }
+            Some(l) => {
+                return bad(format!(
+                    "dspark_target_layer_ids[{i}] = {l} is not a layer of the model (num_hidden_layers {})",
+                    c.num_layers
+                ))
+            }
+            None => {
+                return bad(format!(
+                    "dspark_target_layer_ids[{i}] must be a layer number, found {}",
+                    short(v)
+                ))
+            }
+        }
+    }
+    let stages = c.compress_ratios.len() - c.num_layers;
+    if stages == 0 {
+        return bad(format!(
+            "\"compress_ratios\" has {} entries, one per layer and none for the DSpark drafter's stages \
+             that the dspark_* keys describe (expected num_hidden_layers + stages)",
+            c.compress_ratios.len()
+        ));
+    }
+    Ok(Drafter::DSpark(DSpark {
+        stages,
+        block_size,
+        noise_token_id: noise as u32,
+        target_layer_ids,
+        markov_rank,
+    }))
+}
+
 /// An optional token id (`default` when absent); must fit in u32 (checked against the
 /// vocabulary later).
 fn token_id(o: &Map<String, Value>, k: &str, default: u32) -> Result<u32> {
@@ -618,7 +837,7 @@ mod tests {
             ),
             (
                 Box::new(|v| v["compress_ratios"] = serde_json::json!([0, 4])),
-                "\"compress_ratios\" has 2 entries",
+                "\"compress_ratios\" has 2 entries, expected at least num_hidden_layers (43)",
             ),
             (
                 Box::new(|v| v["model_type"] = serde_json::json!("llama")),
@@ -715,10 +934,150 @@ mod tests {
         }
     }
 
+    fn release_0731() -> Value {
+        published_config("0731").unwrap()
+    }
+
+    #[test]
+    fn the_0731_release_is_the_same_model_with_a_dspark_drafter() {
+        let first = ModelConfig::from_json(&real()).unwrap();
+        assert_eq!(first.drafter, Drafter::Mtp { blocks: 1 });
+        let c = ModelConfig::from_json(&release_0731()).unwrap();
+        assert_eq!(c.layer_kinds, first.layer_kinds);
+        assert_eq!(c.compress_ratios.len(), 46);
+        assert_eq!(c.nextn_layers, 1);
+        assert_eq!(
+            c.drafter,
+            Drafter::DSpark(DSpark {
+                stages: 3,
+                block_size: 5,
+                noise_token_id: 128799,
+                target_layer_ids: vec![40, 41, 42],
+                markov_rank: 256,
+            })
+        );
+        assert_eq!(c.drafter.blocks(), 3);
+        // every other key keeps its value
+        let (a, b) = (real(), release_0731());
+        for (k, v) in a.as_object().unwrap() {
+            if k != "compress_ratios" {
+                assert_eq!(&b[k], v, "{k}");
+            }
+        }
+        assert!(published_config("v5").is_err());
+        // no drafter: no num_nextn_predict_layers, one ratio per layer
+        let mut v = real();
+        v.as_object_mut()
+            .unwrap()
+            .remove("num_nextn_predict_layers");
+        v["compress_ratios"] = serde_json::json!(v["compress_ratios"].as_array().unwrap()[..43]);
+        assert_eq!(ModelConfig::from_json(&v).unwrap().drafter, Drafter::None);
+        // more entries than layers + drafter are the drafter's (DeepSeek reads them by layer)
+        let mut v = real();
+        v["compress_ratios"].as_array_mut().unwrap().push(0.into());
+        assert_eq!(
+            ModelConfig::from_json(&v).unwrap().layer_kinds,
+            first.layer_kinds
+        );
+    }
+
+    #[test]
+    fn bad_drafter_keys_and_other_releases_name_the_key() {
+        type Edit = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            (
+                Box::new(|v| v["dspark_block_size"] = serde_json::json!(1)),
+                "\"dspark_block_size\" = 1 must be between 2",
+            ),
+            (
+                Box::new(|v| v["dspark_block_size"] = serde_json::json!("5")),
+                "\"dspark_block_size\" must be a non-negative integer, found \"5\"",
+            ),
+            (
+                Box::new(|v| v["dspark_noise_token_id"] = serde_json::json!(129280)),
+                "\"dspark_noise_token_id\" = 129280 is outside the vocabulary (vocab_size 129280)",
+            ),
+            (
+                Box::new(|v| v["dspark_markov_rank"] = serde_json::json!(0)),
+                "\"dspark_markov_rank\" must be positive",
+            ),
+            (
+                Box::new(|v| v["dspark_target_layer_ids"] = serde_json::json!([40, 41, 43])),
+                "dspark_target_layer_ids[2] = 43 is not a layer of the model (num_hidden_layers 43)",
+            ),
+            (
+                Box::new(|v| v["dspark_target_layer_ids"] = serde_json::json!([40, 40])),
+                "dspark_target_layer_ids[1] = 40 is listed twice",
+            ),
+            (
+                Box::new(|v| v["dspark_target_layer_ids"] = serde_json::json!([40, "41"])),
+                "dspark_target_layer_ids[1] must be a layer number, found \"41\"",
+            ),
+            (
+                Box::new(|v| v["dspark_target_layer_ids"] = serde_json::json!([])),
+                "\"dspark_target_layer_ids\" must be a non-empty list of layer numbers, found []",
+            ),
+            (
+                Box::new(|v| drop(v.as_object_mut().unwrap().remove("dspark_markov_rank"))),
+                "missing key \"dspark_markov_rank\" (a DSpark drafter's four dspark_* keys come together",
+            ),
+            (
+                Box::new(|v| {
+                    v["compress_ratios"] =
+                        serde_json::json!(v["compress_ratios"].as_array().unwrap()[..43])
+                }),
+                "none for the DSpark drafter's stages",
+            ),
+            (
+                Box::new(|v| {
+                    v["compress_ratios"] =
+                        serde_json::json!(v["compress_ratios"].as_array().unwrap()[..42])
+                }),
+                "\"compress_ratios\" has 42 entries, expected at least num_hidden_layers (43)",
+            ),
+            (
+                Box::new(|v| v["compress_ratios"][44] = serde_json::json!(-1)),
+                "compress_ratios[44] must be a non-negative integer, found -1",
+            ),
+            (
+                Box::new(|v| {
+                    v["model_type"] = serde_json::json!("deepseek_v41");
+                    v["text_config"] = serde_json::json!({"hidden_size": 5120});
+                }),
+                "\"model_type\" is \"deepseek_v41\": this is DeepSeek V4.1",
+            ),
+        ];
+        for (edit, want) in cases {
+            let mut v = release_0731();
+            edit(&mut v);
+            let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+            assert!(e.contains(want), "want {want:?} in {e:?}");
+            assert!(e.starts_with("config.json"), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
     #[test]
     fn the_summary_is_a_config_of_the_same_model() {
         let (c, sum) = validate_json(&real()).unwrap();
-        assert_eq!(sum["compress_ratios"].as_array().unwrap().len(), 43);
+        assert_eq!(sum["compress_ratios"].as_array().unwrap().len(), 44);
+        assert_eq!(
+            sum["drafter"],
+            serde_json::json!({"kind": "mtp", "blocks": 1})
+        );
+        let (c7, sum7) = validate_json(&release_0731()).unwrap();
+        assert_eq!(
+            sum7["drafter"],
+            serde_json::json!({"kind": "dspark", "blocks": 3})
+        );
+        assert_eq!(
+            sum7["dspark_target_layer_ids"],
+            serde_json::json!([40, 41, 42])
+        );
+        let mut again = sum7.clone();
+        again["model_type"] = "deepseek_v4".into();
+        let (c7b, sum7b) = validate_json(&again).unwrap();
+        assert_eq!((sum7b, c7b.drafter), (sum7, c7.drafter));
         assert_eq!(sum["layer_types"][2], "compressed_sparse_attention");
         assert_eq!(sum["layer_types"][3], "heavily_compressed_attention");
         assert_eq!(sum["layer_types"][42], "compressed_sparse_attention");
