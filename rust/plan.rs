@@ -3,7 +3,7 @@
 //! overhead, and what is left for expert cache slots. A budget that cannot hold the dense part
 //! plus a minimum working set fails at once, saying how much is needed.
 
-use crate::checkpoint::expected::is_routed_expert;
+use crate::checkpoint::expected::{is_drafter, is_routed_expert};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
@@ -187,7 +187,7 @@ pub fn plan(
     let mut dense = 0u64;
     let mut eh = 0u64;
     for name in ck.names() {
-        if is_routed_expert(name) || name.starts_with("mtp.") {
+        if is_routed_expert(name) || is_drafter(name) {
             continue;
         }
         let Some(t) = ck.get(name) else { continue };

@@ -1,4 +1,4 @@
-"""Types of the Rust extension ``v4flash._core`` (rust/python.rs); checked against the built
+"""Types of the Rust extension ``v4flash._core`` (rust/python/); checked against the built
 module by ``python3 -m mypy.stubtest v4flash._core`` in CI. The public API is ``v4flash.load``
 and friends (model.py), which check arguments before they reach these functions."""
 
@@ -17,9 +17,13 @@ __all__ = [
     "bf16_products",
     "fast_products",
     "open_checkpoint",
+    "inspect_checkpoint",
     "validate_config",
     "expected_tensors",
+    "drafter_tensors",
     "is_routed_expert",
+    "is_drafter",
+    "published_config",
     "plan",
     "mem_read_gbs",
     "disk_read_gbs",
@@ -47,7 +51,13 @@ def validate_config(source: _Path | dict[str, Any]) -> dict[str, Any]: ...
 def expected_tensors(
     source: _Path | dict[str, Any],
 ) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]: ...
+def drafter_tensors(
+    source: _Path | dict[str, Any],
+) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]: ...
 def is_routed_expert(name: str) -> bool: ...
+def is_drafter(name: str) -> bool: ...
+def published_config(release: str) -> dict[str, Any]: ...
+def inspect_checkpoint(path: _Path) -> dict[str, Any]: ...
 def plan(
     path: _Path,
     ram_bytes: int | None = None,

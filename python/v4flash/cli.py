@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from . import NUMERICS, __version__, hub, kernel_tier
+from .config import expected_tensors  # noqa: F401  (re-exported for tests)
 from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
     GB,
     MIB,
     Inspection,
     TensorEntry,
-    _config_line,
     _gb,
-    expected_tensors,
     inspect_checkpoint,
     is_routed_expert,
     machine_checks,
@@ -516,9 +515,11 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
         )
     else:
         if ins.config is not None:
-            out.print(f"model: {_config_line(ins.config)}", markup=False)
+            out.print(f"model: {ins.checks[0][2]}", markup=False)
         if ins.tensors:
             out.print(_size_line(ins), markup=False)
+        if ins.drafter is not None and ins.drafter["usable"]:
+            out.print(f"drafter: {ins.drafter['summary']}", markup=False)
         for status, what, detail in ins.checks:
             if status != "ok":
                 out.print(f"{marks[status]} {what}: ", end="")
@@ -551,17 +552,11 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
 
 
 def _size_line(ins: Inspection) -> str:
-    dense = experts = mtp = 0
-    for t in ins.tensors.values():
-        if t.name.startswith("mtp."):
-            mtp += t.nbytes
-        elif is_routed_expert(t.name):
-            experts += t.nbytes
-        else:
-            dense += t.nbytes
+    z = ins.sizes
+    drafter = f" · drafter {_gb(z['drafter'])} (not used)" if z.get("drafter") else ""
     return (
-        f"tensors: {len(ins.tensors)} · dense {_gb(dense)} · routed experts {_gb(experts)} · "
-        f"mtp {_gb(mtp)} (unused) · shards {len(ins.shard_sizes)}"
+        f"tensors: {len(ins.tensors)} · dense {_gb(z['dense'])} · routed experts "
+        f"{_gb(z['experts'])}{drafter} · shards {len(ins.shard_sizes)}"
     )
 
 
@@ -614,7 +609,7 @@ def _verify_rows(path: Path) -> list:
                 "warn",
                 "downloads",
                 f"{plural(len(left), 'interrupted download')} left behind ({left[0].name}); "
-                f"`{hub.download_command(hashes.repo_id or REPO_ID)}` resumes",
+                f"`{hub.download_command(hashes.repo_id or hub.release_repo(path))}` resumes",
             )
         )
     return rows

@@ -7,7 +7,8 @@ The file is read exactly as DeepSeek publishes it (legacy keys ``compress_ratios
 ``num_hash_layers``, ``qk_rope_head_dim``, ``rope_scaling``). Layer kinds are derived from
 ``compress_ratios`` the way DeepSeek's code reads them: 0 = sliding window, 4 = compressed
 sparse attention (with the lightning indexer), any other m = heavily compressed attention with
-ratio m. Unknown keys are ignored.
+ratio m. Entries of ``compress_ratios`` after the layers' belong to the drafter (0731's DSpark
+stages; the first release's MTP block). Unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from . import _core
 @dataclass(frozen=True)
 class Config:
     """The validated model configuration (the fields the engine uses), as
-    ``_core.validate_config`` returns it: ``compress_ratios`` one per layer (without the MTP
-    entry), ``rope_scaling`` with its defaults filled in, ``raw`` the whole file as parsed."""
+    ``_core.validate_config`` returns it: ``compress_ratios`` as written (one per layer, then
+    the drafter's), ``layer_types`` one per layer, ``drafter`` None or ``{"kind": "mtp" |
+    "dspark", "blocks": n}``, the ``dspark_*`` keys of a DSpark drafter, ``rope_scaling`` with
+    its defaults filled in, ``raw`` the whole file as parsed."""
 
     vocab_size: int
     hidden_size: int
@@ -56,6 +59,12 @@ class Config:
     eos_token_id: int = 1
     max_position_embeddings: int = 1 << 20
     rope_scaling: Optional[Dict[str, Any]] = None
+    num_nextn_predict_layers: int = 0
+    dspark_block_size: Optional[int] = None
+    dspark_noise_token_id: Optional[int] = None
+    dspark_target_layer_ids: Optional[List[int]] = None
+    dspark_markov_rank: Optional[int] = None
+    drafter: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -66,8 +75,9 @@ class Config:
         """The validated values under config.json's names: a config the core accepts as it is,
         describing the same model."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        for k in ("layer_types", "raw"):
+        for k in ("layer_types", "drafter", "raw"):
             del d[k]
+        d = {k: v for k, v in d.items() if not (k.startswith("dspark_") and v is None)}
         return {"model_type": "deepseek_v4", **d}
 
 
@@ -91,7 +101,13 @@ def load_config(model_dir: Union[str, Path]) -> Config:
 
 
 def expected_tensors(cfg: Config) -> Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...]]]:
-    """Every tensor the engine reads for ``cfg`` (``mtp.*`` is not used): name -> (accepted
-    dtypes, the published one first; exact shape). The loader's own table
+    """Every tensor the engine reads for ``cfg`` (not the drafter's ``mtp.*``): name ->
+    (accepted dtypes, the published one first; exact shape). The loader's own table
     (``rust/checkpoint/expected.rs``), which it checks before reading any weight."""
     return {name: (dtypes, shape) for name, dtypes, shape in _core.expected_tensors(cfg.to_json())}
+
+
+def drafter_tensors(cfg: Config) -> Dict[str, Tuple[Tuple[str, ...], Tuple[int, ...]]]:
+    """The drafter's tensors (``mtp.*``) the config describes, as ``expected_tensors``: the
+    first release's MTP block or 0731's DSpark stages; empty without a drafter."""
+    return {name: (dtypes, shape) for name, dtypes, shape in _core.drafter_tensors(cfg.to_json())}

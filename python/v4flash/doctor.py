@@ -3,18 +3,16 @@ data is read) and the memory plan (the engine's planner) in the words the CLI pr
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _core, kernel_tier
-from .config import expected_tensors, load_config
+from .config import Config
 
 GB = 10**9  # --ram is in GB (10^9 bytes), as the engine's planner reads it
 MIB = 1 << 20  # --expert-cache-mb is in MiB
@@ -22,26 +20,6 @@ MIB = 1 << 20  # --expert-cache-mb is in MiB
 # --------------------------------------------------------------------------------------------
 # Checkpoint inspection (no tensor data is read: headers and the index only)
 # --------------------------------------------------------------------------------------------
-
-_DTYPE_SIZE = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "F8_E8M0": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
-_MAX_HEADER = 100 << 20
 
 
 @dataclass
@@ -55,13 +33,19 @@ class TensorEntry:
 
 @dataclass
 class Inspection:
-    """What ``info`` and ``doctor`` found; ``problems`` empty means the checkpoint is usable."""
+    """What ``info`` and ``doctor`` found; ``problems`` empty means the checkpoint is usable.
+    The core inspects (``_core.inspect_checkpoint``: ``rust/checkpoint/inspect.rs``); this
+    adds the tokenizer's row."""
 
     path: Path
     checks: List[Tuple[str, str, str]] = field(default_factory=list)  # (status, what, detail)
     config: Any = None
     tensors: Dict[str, TensorEntry] = field(default_factory=dict)
     shard_sizes: Dict[str, int] = field(default_factory=dict)
+    # bytes of the tensors found: dense (resident), experts, drafter
+    sizes: Dict[str, int] = field(default_factory=dict)
+    # None, or {kind, blocks, bytes, usable, summary, problems}
+    drafter: Optional[Dict[str, Any]] = None
     tokenizer: Any = None
 
     def add(self, status: str, what: str, detail: str = "") -> None:
@@ -81,200 +65,41 @@ class Inspection:
 is_routed_expert = _core.is_routed_expert
 
 
-def _read_header(path: Path, size: int) -> Tuple[Optional[Dict[str, Any]], int, str]:
-    """(header, header_len, error) of a safetensors file."""
-    if size < 8:
-        return None, 0, f"file is {size} bytes, too short for a safetensors header (truncated?)"
-    with open(path, "rb") as f:
-        (hl,) = struct.unpack("<Q", f.read(8))
-        if hl > _MAX_HEADER or 8 + hl > size:
-            return None, hl, f"header length {hl} does not fit in the file ({size} bytes)"
-        raw = f.read(hl)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return None, hl, f"header is not valid JSON ({e})"
-    if not isinstance(header, dict):
-        return None, hl, "header is not a JSON object"
-    return header, hl, ""
-
-
-def _list_problems(inspection: Inspection, what: str, items: List[str], limit: int = 8) -> None:
-    if not items:
-        return
-    more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
-    inspection.add("fail", what, "; ".join(items[:limit]) + more)
-
-
 def inspect_checkpoint(path: os.PathLike, tokenizer: bool = True) -> Inspection:
     """Validates a checkpoint without reading any tensor data: config.json, the index, every
-    shard's header and size, and every tensor's presence, dtype and shape."""
+    shard's header and size, every tensor's presence, dtype and shape, the drafter (the core's
+    ``inspect``), then the tokenizer."""
     root = Path(path)
+    found = _core.inspect_checkpoint(str(root))
     ins = Inspection(root)
+    ins.checks = [tuple(r) for r in found["rows"]]
+    if found["config"] is not None:
+        ins.config = Config(**found["config"])
+    ins.shard_sizes = dict(found["shards"])
+    ins.tensors = {
+        name: TensorEntry(name, dtype, list(shape), nbytes, shard)
+        for name, dtype, shape, nbytes, shard in found["tensors"]
+    }
+    ins.sizes = dict(found["sizes"])
+    ins.drafter = found["drafter"]
+    if ins.config is None or not tokenizer:
+        return ins
     try:
-        ins.config = load_config(root)
-        ins.add("ok", "config.json", _config_line(ins.config))
-    except (OSError, ValueError, _core.V4FlashError) as e:
-        msg = str(e)
-        ins.add(
-            "fail",
-            "config.json",
-            msg[len("config.json: ") :] if msg.startswith("config.json: ") else msg,
-        )
-        return ins
+        from .tokenizer import load_tokenizer
 
-    # --- the index and the shards -----------------------------------------------------------
-    index_path = root / "model.safetensors.index.json"
-    weight_map: Optional[Dict[str, str]] = None
-    total_size = None
-    if index_path.is_file():
-        try:
-            index = json.loads(index_path.read_bytes())
-            weight_map = index["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise ValueError("weight_map is not an object")
-            total_size = (index.get("metadata") or {}).get("total_size")
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            ins.add("fail", index_path.name, f"not a valid index: {e}")
-            return ins
-        shard_names = sorted(set(weight_map.values()))
-        ins.add("ok", index_path.name, f"{len(weight_map)} tensors in {len(shard_names)} shards")
-    elif (root / "model.safetensors").is_file():
-        shard_names = ["model.safetensors"]
-    else:
-        ins.add("fail", "index", f"neither {index_path.name} nor model.safetensors in {root}")
-        return ins
-
-    shard_problems: List[str] = []
-    for name in shard_names:
-        sp = root / name
-        if not sp.is_file():
-            shard_problems.append(f"{name}: missing (named in the index)")
-            continue
-        size = sp.stat().st_size
-        ins.shard_sizes[name] = size
-        header, hl, err = _read_header(sp, size)
-        if header is None:
-            shard_problems.append(f"{name}: {err}")
-            continue
-        end = 0
-        for tname, meta in header.items():
-            if tname == "__metadata__":
-                continue
-            try:
-                dtype, shape = meta["dtype"], [int(x) for x in meta["shape"]]
-                b, e = (int(x) for x in meta["data_offsets"])
-            except (KeyError, TypeError, ValueError):
-                shard_problems.append(f"{name}: tensor {tname} has a malformed header entry")
-                continue
-            numel = math.prod(shape)
-            if dtype in _DTYPE_SIZE and e - b != numel * _DTYPE_SIZE[dtype]:
-                shard_problems.append(
-                    f"{name}: tensor {tname} spans {e - b} bytes, expected {numel} x "
-                    f"{dtype} = {numel * _DTYPE_SIZE[dtype]}"
-                )
-            end = max(end, e)
-            if tname in ins.tensors:
-                shard_problems.append(f"{name}: tensor {tname} also in {ins.tensors[tname].shard}")
-            ins.tensors[tname] = TensorEntry(tname, dtype, shape, e - b, name)
-        want = 8 + hl + end
-        if size < want:
-            shard_problems.append(
-                f"{name}: file is {size:,} bytes but its header needs {want:,} "
-                f"(truncated: {want - size:,} bytes missing; re-download it)"
-            )
-        elif size > want:
-            ins.add("warn", name, f"{size - want:,} bytes after the last tensor")
-    _list_problems(ins, "shards", shard_problems)
-    if not shard_problems:
-        total = sum(ins.shard_sizes.values())
-        ins.add("ok", "shards", f"{len(shard_names)} files, {_gb(total)}, headers and sizes ok")
-
-    if weight_map is not None and not shard_problems:
-        bad = [
-            f"{t} mapped to {f} but stored in {ins.tensors[t].shard}"
-            if t in ins.tensors
-            else f"{t} mapped to {f} but no shard contains it"
-            for t, f in sorted(weight_map.items())
-            if t not in ins.tensors or ins.tensors[t].shard != f
-        ]
-        bad += [
-            f"{t} is in {e.shard} but not in the index"
-            for t, e in ins.tensors.items()
-            if t not in weight_map
-        ]
-        _list_problems(ins, "index vs shards", bad)
-        data = sum(e.nbytes for e in ins.tensors.values())
-        if isinstance(total_size, int) and total_size != data:
+        tok = load_tokenizer(root)
+        if tok.vocab_size > ins.config.vocab_size:
             ins.add(
-                "warn",
-                "index total_size",
-                f"metadata says {total_size:,} bytes, the shards hold {data:,} bytes of tensors",
+                "fail",
+                "tokenizer.json",
+                f"{tok.vocab_size} ids but config vocab_size is {ins.config.vocab_size}",
             )
-        elif not bad:
-            ins.add("ok", "index vs shards", "every tensor where the index says")
-
-    # --- the tensor table the engine needs --------------------------------------------------
-    if ins.tensors:
-        want = expected_tensors(ins.config)
-        missing, wrong = [], []
-        for name, (dtypes, shape) in want.items():
-            t = ins.tensors.get(name)
-            if t is None:
-                missing.append(name)
-            elif t.dtype not in dtypes or tuple(t.shape) != shape:
-                wrong.append(
-                    f"{name}: {t.dtype}{list(t.shape)}, expected {' or '.join(dtypes)}{list(shape)}"
-                )
-        _list_problems(ins, "missing tensors", missing)
-        _list_problems(ins, "wrong dtype/shape", wrong)
-        extra = [n for n in ins.tensors if n not in want and not n.startswith("mtp.")]
-        if extra:
-            ins.add("warn", "unused tensors", f"{len(extra)} (e.g. {extra[0]})")
-        if not missing and not wrong:
-            n_exp = sum(1 for n in want if is_routed_expert(n)) // 6
-            ins.add(
-                "ok",
-                "tensors",
-                f"all {len(want)} present with the right dtype and shape ({n_exp} routed experts)",
-            )
-
-    # --- the engine's own structure check (authoritative) ------------------------------------
-    if ins.ok:
-        try:
-            _core.open_checkpoint(str(root))
-        except Exception as e:  # noqa: BLE001 - reported, not raised
-            ins.add("fail", "engine check", str(e))
-
-    if tokenizer:
-        try:
-            from .tokenizer import load_tokenizer
-
-            tok = load_tokenizer(root)
-            if tok.vocab_size > ins.config.vocab_size:
-                ins.add(
-                    "fail",
-                    "tokenizer.json",
-                    f"{tok.vocab_size} ids but config vocab_size is {ins.config.vocab_size}",
-                )
-            else:
-                ins.tokenizer = tok
-                ins.add("ok", "tokenizer.json", f"{tok.vocab_size} ids, chat special tokens found")
-        except (OSError, ValueError) as e:
-            ins.add("fail", "tokenizer.json", str(e))
+        else:
+            ins.tokenizer = tok
+            ins.add("ok", "tokenizer.json", f"{tok.vocab_size} ids, chat special tokens found")
+    except (OSError, ValueError) as e:
+        ins.add("fail", "tokenizer.json", str(e))
     return ins
-
-
-def _config_line(cfg: Any) -> str:
-    kinds = {"sliding_attention": 0, "compressed_sparse_attention": 0}
-    for t in cfg.layer_types:
-        kinds[t] = kinds.get(t, 0) + 1
-    return (
-        f"{cfg.num_hidden_layers} layers (sliding {kinds['sliding_attention']}, CSA "
-        f"{kinds['compressed_sparse_attention']}, HCA "
-        f"{kinds.get('heavily_compressed_attention', 0)}), hidden {cfg.hidden_size}, "
-        f"{cfg.n_routed_experts} experts (top {cfg.num_experts_per_tok}), vocab {cfg.vocab_size}"
-    )
 
 
 def _gb(n: float) -> str:

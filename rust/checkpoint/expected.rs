@@ -3,13 +3,14 @@
 //! dense entry before it reads any weight, takes each tensor's shape from here and fails when
 //! it reads a tensor that is not in the table or leaves one unread (`model::weights::Loader`).
 //! The expert store locates and checks the routed experts with `expert_part`. `doctor` and
-//! `bench` get the table through `_core.expected_tensors`. `mtp.*` is not in it, because the
-//! engine does not use the MTP block.
+//! `bench` get the table through `_core.expected_tensors`. The drafter a release carries
+//! (`mtp.*`: the first release's MTP block, 0731's DSpark stages) has its own table,
+//! `drafter_tensors`, which `info` and `doctor` check; the engine reads none of it yet.
 //!
 //! The first accepted dtype of each entry is the one DeepSeek's release stores
 //! (docs/checkpoint.md §3), so the table also gives the published checkpoint's sizes.
 
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{Drafter, LayerKind, ModelConfig};
 use crate::dtype::DType;
 
 /// FP8 E4M3 weights.
@@ -90,6 +91,15 @@ pub fn is_routed_expert(name: &str) -> bool {
     routed_expert(name).is_some()
 }
 
+/// The prefix of every drafter tensor (`mtp.0.…`, `mtp.1.…`).
+pub const DRAFTER_PREFIX: &str = "mtp.";
+
+/// Whether `name` is a tensor of the drafter (`mtp.*`): never read by the engine, never in
+/// the memory plan. The one test for it.
+pub fn is_drafter(name: &str) -> bool {
+    name.starts_with(DRAFTER_PREFIX)
+}
+
 fn index(s: &str) -> Option<usize> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -127,80 +137,93 @@ impl Table {
         self.matrix(&format!("{pre}.wkv"), w, c.hidden_size);
         self.matrix(&format!("{pre}.wgate"), w, c.hidden_size);
     }
+    /// The hyper-head `{pre}hc_head_{fn,base,scale}` that mixes the hc streams into one.
+    fn hc_head(&mut self, c: &ModelConfig, pre: &str) {
+        let hcm = c.hc_mult;
+        self.add(
+            format!("{pre}hc_head_fn"),
+            F32_FLOAT,
+            &[hcm, hcm * c.hidden_size],
+        );
+        self.add(format!("{pre}hc_head_base"), F32_FLOAT, &[hcm]);
+        self.add(format!("{pre}hc_head_scale"), F32_FLOAT, &[1]);
+    }
+    /// One block's dense tensors (`p` = `layers.N` or a drafter's `mtp.S`): hyper-connections,
+    /// attention with the compressor and indexer of its kind, router, shared expert, norms.
+    fn block(&mut self, c: &ModelConfig, p: &str, kind: LayerKind, hash: bool) {
+        let (h, hcm, d, nh) = (c.hidden_size, c.hc_mult, c.head_dim, c.num_heads);
+        let mix = (2 + hcm) * hcm;
+        for which in ["attn", "ffn"] {
+            self.add(format!("{p}.hc_{which}_fn"), F32_FLOAT, &[mix, hcm * h]);
+            self.add(format!("{p}.hc_{which}_base"), F32_FLOAT, &[mix]);
+            self.add(format!("{p}.hc_{which}_scale"), F32_FLOAT, &[3]);
+        }
+        let a = format!("{p}.attn");
+        match kind {
+            LayerKind::Sliding => {}
+            LayerKind::Hca { ratio } => {
+                self.compressor(c, &format!("{a}.compressor"), ratio, d, false)
+            }
+            LayerKind::Csa { ratio } => {
+                self.compressor(c, &format!("{a}.compressor"), ratio, d, true);
+                let ix = format!("{a}.indexer");
+                let (ihd, ihn) = (c.index_head_dim, c.index_n_heads);
+                self.compressor(c, &format!("{ix}.compressor"), ratio, ihd, true);
+                self.fp8(&format!("{ix}.wq_b"), ihn * ihd, c.q_lora_rank);
+                self.matrix(&format!("{ix}.weights_proj"), ihn, h);
+            }
+        }
+        self.fp8(&format!("{a}.wq_a"), c.q_lora_rank, h);
+        self.add(format!("{a}.q_norm.weight"), BF16_FLOAT, &[c.q_lora_rank]);
+        self.fp8(&format!("{a}.wq_b"), nh * d, c.q_lora_rank);
+        self.fp8(&format!("{a}.wkv"), d, h);
+        self.add(format!("{a}.kv_norm.weight"), BF16_FLOAT, &[d]);
+        let (g, r) = (c.o_groups, c.o_lora_rank);
+        self.fp8(&format!("{a}.wo_a"), g * r, nh * d / g);
+        self.fp8(&format!("{a}.wo_b"), h, g * r);
+        self.add(format!("{a}.attn_sink"), F32_FLOAT, &[nh]);
+        let f = format!("{p}.ffn");
+        self.matrix(&format!("{f}.gate"), c.n_routed_experts, h);
+        if hash {
+            let shape = [c.vocab_size, c.experts_per_tok];
+            self.add(format!("{f}.gate.tid2eid"), TOKEN_IDS, &shape);
+        } else {
+            self.add(format!("{f}.gate.bias"), F32_FLOAT, &[c.n_routed_experts]);
+        }
+        self.fp8(&format!("{f}.shared_experts.w1"), c.moe_inter, h);
+        self.fp8(&format!("{f}.shared_experts.w3"), c.moe_inter, h);
+        self.fp8(&format!("{f}.shared_experts.w2"), h, c.moe_inter);
+        self.add(format!("{p}.attn_norm.weight"), BF16_FLOAT, &[h]);
+        self.add(format!("{p}.ffn_norm.weight"), BF16_FLOAT, &[h]);
+    }
+    /// The six parts of every routed expert of block `p`, expert by expert.
+    fn experts(&mut self, c: &ModelConfig, p: &str) {
+        for e in 0..c.n_routed_experts {
+            for (k, part) in EXPERT_PARTS.iter().enumerate() {
+                let (dtypes, shape) = expert_part(c, k);
+                self.add(format!("{p}.ffn.experts.{e}.{part}"), dtypes, &shape);
+            }
+        }
+    }
 }
 
 /// Every tensor the engine reads but the routed experts, in the order the loader reads them:
 /// the embedding first (a config of another model is reported by its shape), then the head,
 /// the final norm, the hyper-head and each layer's tensors.
 pub fn dense_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
-    let (h, hcm, v, d, nh) = (
-        c.hidden_size,
-        c.hc_mult,
-        c.vocab_size,
-        c.head_dim,
-        c.num_heads,
-    );
+    let (h, v) = (c.hidden_size, c.vocab_size);
     let mut t = Table(Vec::new());
     t.matrix("embed", v, h);
     t.matrix("head", v, h);
     t.add("norm.weight".into(), BF16_FLOAT, &[h]);
-    t.add("hc_head_fn".into(), F32_FLOAT, &[hcm, hcm * h]);
-    t.add("hc_head_base".into(), F32_FLOAT, &[hcm]);
-    t.add("hc_head_scale".into(), F32_FLOAT, &[1]);
-    let mix = (2 + hcm) * hcm;
+    t.hc_head(c, "");
     for l in 0..c.num_layers {
-        let p = format!("layers.{l}");
-        for which in ["attn", "ffn"] {
-            t.add(format!("{p}.hc_{which}_fn"), F32_FLOAT, &[mix, hcm * h]);
-            t.add(format!("{p}.hc_{which}_base"), F32_FLOAT, &[mix]);
-            t.add(format!("{p}.hc_{which}_scale"), F32_FLOAT, &[3]);
-        }
-        let a = format!("{p}.attn");
-        match c.layer_kinds[l] {
-            LayerKind::Sliding => {}
-            LayerKind::Hca { ratio } => {
-                t.compressor(c, &format!("{a}.compressor"), ratio, d, false)
-            }
-            LayerKind::Csa { ratio } => {
-                t.compressor(c, &format!("{a}.compressor"), ratio, d, true);
-                let ix = format!("{a}.indexer");
-                t.compressor(
-                    c,
-                    &format!("{ix}.compressor"),
-                    ratio,
-                    c.index_head_dim,
-                    true,
-                );
-                t.fp8(
-                    &format!("{ix}.wq_b"),
-                    c.index_n_heads * c.index_head_dim,
-                    c.q_lora_rank,
-                );
-                t.matrix(&format!("{ix}.weights_proj"), c.index_n_heads, h);
-            }
-        }
-        t.fp8(&format!("{a}.wq_a"), c.q_lora_rank, h);
-        t.add(format!("{a}.q_norm.weight"), BF16_FLOAT, &[c.q_lora_rank]);
-        t.fp8(&format!("{a}.wq_b"), nh * d, c.q_lora_rank);
-        t.fp8(&format!("{a}.wkv"), d, h);
-        t.add(format!("{a}.kv_norm.weight"), BF16_FLOAT, &[d]);
-        let (g, r) = (c.o_groups, c.o_lora_rank);
-        t.fp8(&format!("{a}.wo_a"), g * r, nh * d / g);
-        t.fp8(&format!("{a}.wo_b"), h, g * r);
-        t.add(format!("{a}.attn_sink"), F32_FLOAT, &[nh]);
-        let f = format!("{p}.ffn");
-        t.matrix(&format!("{f}.gate"), c.n_routed_experts, h);
-        if c.is_hash_layer(l) {
-            let shape = [v, c.experts_per_tok];
-            t.add(format!("{f}.gate.tid2eid"), TOKEN_IDS, &shape);
-        } else {
-            t.add(format!("{f}.gate.bias"), F32_FLOAT, &[c.n_routed_experts]);
-        }
-        t.fp8(&format!("{f}.shared_experts.w1"), c.moe_inter, h);
-        t.fp8(&format!("{f}.shared_experts.w3"), c.moe_inter, h);
-        t.fp8(&format!("{f}.shared_experts.w2"), h, c.moe_inter);
-        t.add(format!("{p}.attn_norm.weight"), BF16_FLOAT, &[h]);
-        t.add(format!("{p}.ffn_norm.weight"), BF16_FLOAT, &[h]);
+        t.block(
+            c,
+            &format!("layers.{l}"),
+            c.layer_kinds[l],
+            c.is_hash_layer(l),
+        );
     }
     t.0
 }
@@ -208,21 +231,62 @@ pub fn dense_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
 /// The whole table: `dense_tensors`, then the six parts of every routed expert, layer by
 /// layer and expert by expert.
 pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
-    let mut t = dense_tensors(c);
-    t.reserve(c.num_layers * c.n_routed_experts * 6);
+    let mut t = Table(dense_tensors(c));
+    t.0.reserve(c.num_layers * c.n_routed_experts * 6);
     for l in 0..c.num_layers {
-        for e in 0..c.n_routed_experts {
-            for k in 0..EXPERT_PARTS.len() {
-                let (dtypes, shape) = expert_part(c, k);
-                t.push(ExpectedTensor {
-                    name: expert_part_name(l, e, k),
-                    dtypes,
-                    shape: shape.to_vec(),
-                });
+        t.experts(c, &format!("layers.{l}"));
+    }
+    t.0
+}
+
+/// The drafter's tensors, block by block (`mtp.0`, `mtp.1`, …), each block's dense tensors
+/// and then its routed experts. Every block is a V4 block with sliding-window attention (no
+/// compressor, no indexer; DeepSeek's code gives its stages ratio 0) and learned routing.
+/// The first release's MTP block adds `e_proj`, `h_proj` (FP8 [H, H]), `enorm`, `hnorm`, `norm`
+/// and `hc_head_*`; 0731's DSpark adds `main_proj` (FP8 [H, targets·H]) and `main_norm` to the
+/// first stage, and `norm`, `hc_head_*`, the Markov head (`markov_w1`, `markov_w2`, BF16
+/// [vocab, rank]) and the confidence head (BF16 [1, H + rank]) to the last.
+pub fn drafter_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
+    let h = c.hidden_size;
+    let mut t = Table(Vec::new());
+    let n = c.drafter.blocks();
+    for b in 0..n {
+        let p = format!("{DRAFTER_PREFIX}{b}");
+        t.block(c, &p, LayerKind::Sliding, false);
+        match &c.drafter {
+            Drafter::None => {}
+            Drafter::Mtp { .. } => {
+                t.fp8(&format!("{p}.e_proj"), h, h);
+                t.fp8(&format!("{p}.h_proj"), h, h);
+                for norm in ["enorm", "hnorm", "norm"] {
+                    t.add(format!("{p}.{norm}.weight"), BF16_FLOAT, &[h]);
+                }
+                t.hc_head(c, &format!("{p}."));
+            }
+            Drafter::DSpark(d) => {
+                if b == 0 {
+                    t.fp8(&format!("{p}.main_proj"), h, d.target_layer_ids.len() * h);
+                    t.add(format!("{p}.main_norm.weight"), BF16_FLOAT, &[h]);
+                }
+                if b + 1 == n {
+                    t.add(format!("{p}.norm.weight"), BF16_FLOAT, &[h]);
+                    t.hc_head(c, &format!("{p}."));
+                    let markov = [c.vocab_size, d.markov_rank];
+                    for w in ["markov_w1", "markov_w2"] {
+                        t.add(format!("{p}.markov_head.{w}.weight"), BF16_FLOAT, &markov);
+                    }
+                    let conf = [1, h + d.markov_rank];
+                    t.add(
+                        format!("{p}.confidence_head.proj.weight"),
+                        BF16_FLOAT,
+                        &conf,
+                    );
+                }
             }
         }
+        t.experts(c, &p);
     }
-    t
+    t.0
 }
 
 #[cfg(test)]
@@ -284,13 +348,54 @@ mod tests {
             }
             let extra: Vec<&str> = ck
                 .names()
-                .filter(|n| !n.starts_with("mtp.") && !names.contains(n))
+                .filter(|n| !is_drafter(n) && !names.contains(n))
                 .collect();
             assert!(extra.is_empty(), "{name}: not in the table: {extra:?}");
             let n_exp = table.iter().filter(|t| is_routed_expert(&t.name)).count();
             assert_eq!(n_exp, c.num_layers * c.n_routed_experts * 6);
             assert_eq!(dense_tensors(&c).len() + n_exp, table.len());
         }
+    }
+
+    fn bytes(t: &[ExpectedTensor]) -> u64 {
+        t.iter().map(ExpectedTensor::published_bytes).sum()
+    }
+
+    /// Both releases' tensor counts and `total_size` as published: the model's table plus the
+    /// drafter's, each tensor in its published dtype.
+    #[test]
+    fn the_releases_hold_the_model_and_their_drafter() {
+        let first = published();
+        let c = ModelConfig::from_json(&crate::config::published_config("0731").unwrap()).unwrap();
+        let model = expected_tensors(&first);
+        assert_eq!(expected_tensors(&c), model);
+        let (mtp, dspark) = (drafter_tensors(&first), drafter_tensors(&c));
+        assert_eq!(model.len() + mtp.len(), 69_187);
+        assert_eq!(bytes(&model) + bytes(&mtp), 159_609_485_896);
+        assert_eq!(model.len() + dspark.len(), 72_317);
+        assert_eq!(bytes(&model) + bytes(&dspark), 166_878_536_440);
+        let stage = |s: usize| {
+            let p = format!("mtp.{s}.");
+            dspark.iter().filter(|t| t.name.starts_with(&p)).count()
+        };
+        assert_eq!((stage(0), stage(1), stage(2)), (1_568, 1_565, 1_572));
+        // about 10.9 GB of drafter, none of it a routed expert of the model
+        assert!((bytes(&dspark) as f64 / 1e9 - 10.9).abs() < 0.05);
+        assert!(dspark.iter().chain(&mtp).all(|t| is_drafter(&t.name)));
+        assert!(!dspark.iter().any(|t| is_routed_expert(&t.name)));
+        let main_proj = dspark.iter().find(|t| t.name == "mtp.0.main_proj.scale");
+        assert_eq!(main_proj.map(|t| t.shape.clone()), Some(vec![32, 96]));
+        let conf = dspark
+            .iter()
+            .find(|t| t.name.ends_with("confidence_head.proj.weight"));
+        assert_eq!(
+            conf.map(|t| t.name.as_str()),
+            Some("mtp.2.confidence_head.proj.weight")
+        );
+        assert_eq!(conf.map(|t| t.shape.clone()), Some(vec![1, 4352]));
+        let names: HashSet<&str> = dspark.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names.len(), dspark.len());
+        assert!(!names.contains("mtp.0.e_proj.weight"));
     }
 
     /// The published model's sizes, as docs/checkpoint.md §5 gives them.

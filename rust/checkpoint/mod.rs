@@ -4,6 +4,7 @@
 //! Files are opened read-only and never written.
 
 pub mod expected;
+pub mod inspect;
 mod io;
 pub mod safetensors;
 
@@ -49,6 +50,43 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// Opens shard `fname` of `dir` read-only and parses its header (every check that needs
+    /// no tensor data: safetensors::parse_header). `what` says where the name came from.
+    pub fn open(
+        dir: &Path,
+        fname: &str,
+        what: &str,
+    ) -> Result<(Shard, Vec<safetensors::RawEntry>)> {
+        let path = dir.join(fname);
+        let file = open_shard(&path, fname, what)?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(&path, "stat", e))?
+            .len();
+        if len < 8 {
+            return Err(Error::checkpoint(
+                fname,
+                format!("file is {len} bytes, too short for a safetensors header (truncated?)"),
+            ));
+        }
+        let mut prefix = [0u8; 8];
+        read_exact_at(&file, &path, &mut prefix, 0)?;
+        let hl = safetensors::header_len(fname, &prefix, len)?;
+        let mut header = vec![0u8; 8 + hl as usize];
+        read_exact_at(&file, &path, &mut header, 0)?;
+        let header_hash = hash_bytes(&header);
+        let entries = safetensors::parse_header(fname, &header[8..], len)?;
+        let shard = Shard {
+            path,
+            file_name: fname.to_string(),
+            file: RwLock::new(Arc::new(file)),
+            len,
+            header_hash,
+            header_len: hl,
+        };
+        Ok((shard, entries))
+    }
+
     /// The current file handle.
     pub fn file(&self) -> Arc<File> {
         self.file.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -102,6 +140,22 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     pub shards: Vec<Shard>,
     tensors: HashMap<String, TensorInfo>,
+    /// Drafter-only shards left out: (file name, the error).
+    skipped: Vec<(String, String)>,
+}
+
+/// Whether the index maps only drafter tensors (`mtp.*`) to `fname`.
+pub fn drafter_only(map: &HashMap<String, String>, fname: &str) -> bool {
+    let mut any = false;
+    for (name, f) in map {
+        if f == fname {
+            if !expected::is_drafter(name) {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
 }
 
 impl Checkpoint {
@@ -128,39 +182,33 @@ impl Checkpoint {
             });
         };
 
-        let mut shards = Vec::with_capacity(shard_names.len());
+        let mut shards: Vec<Shard> = Vec::with_capacity(shard_names.len());
         let mut tensors: HashMap<String, TensorInfo> = HashMap::new();
-        for (si, fname) in shard_names.iter().enumerate() {
-            let path = dir.join(fname);
+        let mut skipped = Vec::new();
+        for fname in &shard_names {
             let what = if weight_map.is_some() {
                 "shard named in model.safetensors.index.json"
             } else {
                 "the checkpoint's single shard"
             };
-            let file = open_shard(&path, fname, what)?;
-            let len = file
-                .metadata()
-                .map_err(|e| Error::io(&path, "stat", e))?
-                .len();
-            if len < 8 {
-                return Err(Error::checkpoint(
-                    fname.clone(),
-                    format!("file is {len} bytes, too short for a safetensors header (truncated?)"),
-                ));
-            }
-            let mut prefix = [0u8; 8];
-            read_exact_at(&file, &path, &mut prefix, 0)?;
-            let hl = safetensors::header_len(fname, &prefix, len)?;
-            let mut header = vec![0u8; 8 + hl as usize];
-            read_exact_at(&file, &path, &mut header, 0)?;
-            let header_hash = hash_bytes(&header);
-            for e in safetensors::parse_header(fname, &header[8..], len)? {
+            let (shard, entries) = match Shard::open(dir, fname, what) {
+                Ok(x) => x,
+                // A shard of the drafter only (the index maps nothing else to it) is not
+                // needed to run the model: it is left out, and the drafter reports it.
+                Err(e) if weight_map.as_ref().is_some_and(|m| drafter_only(m, fname)) => {
+                    skipped.push((fname.clone(), e.to_string()));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let si = shards.len();
+            for e in entries {
                 if let Some(prev) = tensors.get(&e.name) {
                     return Err(Error::checkpoint(
                         fname.clone(),
                         format!(
                             "tensor {} is also in {} (duplicate name across shards)",
-                            e.name, shard_names[prev.shard]
+                            e.name, shards[prev.shard].file_name
                         ),
                     ));
                 }
@@ -176,18 +224,14 @@ impl Checkpoint {
                     },
                 );
             }
-            shards.push(Shard {
-                path,
-                file_name: fname.clone(),
-                file: RwLock::new(Arc::new(file)),
-                len,
-                header_hash,
-                header_len: hl,
-            });
+            shards.push(shard);
         }
 
         if let Some(map) = weight_map {
             for (name, fname) in &map {
+                if skipped.iter().any(|(f, _)| f == fname) {
+                    continue;
+                }
                 match tensors.get(name) {
                     None => {
                         return Err(Error::checkpoint(
@@ -195,10 +239,10 @@ impl Checkpoint {
                             format!("model.safetensors.index.json maps tensor {name} to this shard, but no shard contains it"),
                         ))
                     }
-                    Some(t) if &shard_names[t.shard] != fname => {
+                    Some(t) if &shards[t.shard].file_name != fname => {
                         return Err(Error::checkpoint(
                             "model.safetensors.index.json",
-                            format!("tensor {name} is mapped to {fname} but is stored in {}", shard_names[t.shard]),
+                            format!("tensor {name} is mapped to {fname} but is stored in {}", shards[t.shard].file_name),
                         ))
                     }
                     _ => {}
@@ -207,7 +251,7 @@ impl Checkpoint {
             for t in tensors.values() {
                 if !map.contains_key(&t.name) {
                     return Err(Error::checkpoint(
-                        shard_names[t.shard].clone(),
+                        shards[t.shard].file_name.clone(),
                         format!(
                             "tensor {} is not listed in model.safetensors.index.json",
                             t.name
@@ -220,7 +264,14 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             shards,
             tensors,
+            skipped,
         })
+    }
+
+    /// The drafter-only shards that could not be opened, with why: the model runs without
+    /// them, the drafter does not (`inspect`).
+    pub fn skipped_shards(&self) -> &[(String, String)] {
+        &self.skipped
     }
 
     pub fn len(&self) -> usize {

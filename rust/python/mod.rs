@@ -18,13 +18,14 @@ use pyo3::exceptions::{
     PyPermissionError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
-use serde_json::Value;
+use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+mod checkpoint;
 
 create_exception!(
     _core,
@@ -319,168 +320,6 @@ fn bf16_products() -> bool {
 #[pyfunction]
 fn fast_products() -> &'static str {
     crate::kernels::fast_products().name()
-}
-
-/// Opens a checkpoint directory and validates its file structure; returns the tensor count.
-#[pyfunction]
-fn open_checkpoint(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
-    py.detach(|| crate::checkpoint::Checkpoint::open(&path).map(|c| c.len()))
-        .map_err(to_py)
-}
-
-/// A config given as a path to a config.json (str or os.PathLike), read as the engine reads
-/// it, or as a parsed JSON value (a dict, as `json.load` returns).
-fn config_json(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<Value> {
-    if source.is_instance_of::<PyString>() || source.hasattr("__fspath__")? {
-        let path: PathBuf = source.extract()?;
-        return py.detach(|| crate::config::read_json(&path)).map_err(to_py);
-    }
-    py_to_json(source, 0)
-}
-
-/// A Python value as JSON (what `json.dumps` would write), for configs given as dicts.
-fn py_to_json(v: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
-    let bad = |m: String| to_py(Error::config(format!("not valid JSON ({m})")));
-    if depth > 128 {
-        return Err(bad("nested too deeply".into()));
-    }
-    if v.is_none() {
-        return Ok(Value::Null);
-    }
-    if let Ok(b) = v.cast::<PyBool>() {
-        return Ok(Value::Bool(b.is_true()));
-    }
-    if v.is_instance_of::<PyInt>() {
-        if let Ok(u) = v.extract::<u64>() {
-            return Ok(u.into());
-        }
-        if let Ok(i) = v.extract::<i64>() {
-            return Ok(i.into());
-        }
-        // as serde_json reads an integer literal beyond 64 bits: the nearest double
-        let too_big = || {
-            let digits = v.str().map_or(0, |t| t.len().unwrap_or(0));
-            bad(format!(
-                "an integer of {digits} digits is beyond any JSON number"
-            ))
-        };
-        let x: f64 = v.extract().map_err(|_| too_big())?;
-        return serde_json::Number::from_f64(x)
-            .map(Value::Number)
-            .ok_or_else(too_big);
-    }
-    if let Ok(f) = v.cast::<PyFloat>() {
-        let x = f.value();
-        return serde_json::Number::from_f64(x)
-            .map(Value::Number)
-            .ok_or_else(|| bad(format!("{x} is not a JSON number")));
-    }
-    if let Ok(t) = v.cast::<PyString>() {
-        return Ok(Value::String(t.to_cow()?.into_owned()));
-    }
-    if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
-        let mut a = Vec::new();
-        for x in v.try_iter()? {
-            a.push(py_to_json(&x?, depth + 1)?);
-        }
-        return Ok(Value::Array(a));
-    }
-    if let Ok(d) = v.cast::<PyDict>() {
-        let mut o = serde_json::Map::new();
-        for (k, x) in d.iter() {
-            let k = k
-                .cast::<PyString>()
-                .map_err(|_| bad(format!("the key {k} is not a string")))?
-                .to_cow()?
-                .into_owned();
-            o.insert(k, py_to_json(&x, depth + 1)?);
-        }
-        return Ok(Value::Object(o));
-    }
-    Err(bad(format!(
-        "a value of type {} is not a JSON value",
-        v.get_type().name()?
-    )))
-}
-
-/// JSON as Python values (what `json.loads` returns).
-fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
-            (Some(u), _, _) => u.into_pyobject(py)?.into_any(),
-            (None, Some(i), _) => i.into_pyobject(py)?.into_any(),
-            (None, None, x) => x.unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
-        },
-        Value::String(t) => PyString::new(py, t).into_any(),
-        Value::Array(a) => {
-            let items = a
-                .iter()
-                .map(|x| json_to_py(py, x))
-                .collect::<PyResult<Vec<_>>>()?;
-            PyList::new(py, items)?.into_any()
-        }
-        Value::Object(o) => {
-            let d = PyDict::new(py);
-            for (k, x) in o {
-                d.set_item(k, json_to_py(py, x)?)?;
-            }
-            d.into_any()
-        }
-    })
-}
-
-/// Validates a config (`rust/config.rs`, the engine's own validator) and returns its summary
-/// (`config::validate_json`: every key of the Python `Config`, the layer kinds) plus `raw`,
-/// the whole config as parsed. Raises V4FlashError naming the key, what was expected and
-/// found; FileNotFoundError / PermissionError / OSError for a config.json that cannot be read.
-#[pyfunction]
-fn validate_config<'py>(
-    py: Python<'py>,
-    source: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let v = config_json(py, source)?;
-    let (_, summary) = crate::config::validate_json(&v).map_err(to_py)?;
-    let d = json_to_py(py, &summary)?;
-    d.set_item("raw", json_to_py(py, &v)?)?;
-    Ok(d)
-}
-
-/// Every tensor the engine reads for a config (given as `validate_config` takes it), as
-/// (name, accepted dtypes with the published one first, shape) in the loader's order, the
-/// routed experts last (`checkpoint::expected`, the table the loader itself checks).
-#[pyfunction]
-fn expected_tensors<'py>(
-    py: Python<'py>,
-    source: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyList>> {
-    let v = config_json(py, source)?;
-    let c = crate::config::ModelConfig::from_json(&v).map_err(to_py)?;
-    let table = crate::checkpoint::expected::expected_tensors(&c);
-    let rows = table
-        .iter()
-        .map(|t| {
-            let dtypes = PyTuple::new(py, t.dtypes.iter().map(|d| d.name()))?;
-            let shape = PyTuple::new(py, &t.shape)?;
-            PyTuple::new(
-                py,
-                [
-                    PyString::new(py, &t.name).into_any(),
-                    dtypes.into_any(),
-                    shape.into_any(),
-                ],
-            )
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, rows)
-}
-
-/// Whether a tensor name is one of a routed expert's of the main model
-/// (`layers.L.ffn.experts.E.<part>`; the MTP block's `mtp.*` experts are not).
-#[pyfunction]
-fn is_routed_expert(name: &str) -> bool {
-    crate::checkpoint::expected::is_routed_expert(name)
 }
 
 /// `_layer_probe`'s result: output streams, and the indexer's picks of a CSA layer.
@@ -928,12 +767,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
     m.add_function(wrap_pyfunction!(bf16_products, m)?)?;
     m.add_function(wrap_pyfunction!(fast_products, m)?)?;
-    m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
-    m.add_function(wrap_pyfunction!(validate_config, m)?)?;
-    m.add_function(wrap_pyfunction!(expected_tensors, m)?)?;
-    m.add_function(wrap_pyfunction!(is_routed_expert, m)?)?;
-    // the published config.json of DeepSeek V4 Flash (JSON text)
-    m.add("PUBLISHED_CONFIG", crate::config::PUBLISHED_CONFIG)?;
+    checkpoint::register(m)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(mem_read_gbs, m)?)?;
     m.add_function(wrap_pyfunction!(disk_read_gbs, m)?)?;

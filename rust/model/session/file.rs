@@ -23,6 +23,7 @@
 //! corrupted file (the header's first, so a damaged header is never read as a different
 //! model). Files are written to a temporary file beside the target and renamed over it.
 
+use crate::checkpoint::expected::is_drafter;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::attention::AttnState;
@@ -166,7 +167,7 @@ fn model_values(c: &ModelConfig) -> Vec<(&'static str, Value)> {
 /// byte, the dtype name, a 0 byte, the rank and each dimension as u64 (shards and offsets do
 /// not count: a re-sharded copy of the same tensors is the same checkpoint).
 fn tensor_table_hash(m: &Model) -> u64 {
-    let mut names: Vec<&str> = m.ck.names().filter(|n| !n.starts_with("mtp.")).collect();
+    let mut names: Vec<&str> = m.ck.names().filter(|n| !is_drafter(n)).collect();
     names.sort_unstable();
     let mut h = Xxh64::new();
     for n in names {
