@@ -2,7 +2,9 @@
 
 Only numpy, safetensors, json and tokenizers: CI has no torch.  These tests do not run
 the engine; they make sure the checkpoints are shaped exactly like the real
-DeepSeek-V4-Flash release and that the stored references are self-consistent.
+DeepSeek-V4-Flash releases (tiny-a: the first release with its MTP block; tiny-b: the 0731
+release with its three-stage DSpark drafter) and that the stored references are
+self-consistent.  The rules here are written independently of fixtures/make_fixtures.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import pytest
 
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 FIXTURES = ["tiny-a", "tiny-b"]
+# Which release each fixture is shaped like: "first" (deepseek-ai/DeepSeek-V4-Flash, one MTP
+# block) or "0731" (deepseek-ai/DeepSeek-V4-Flash-0731, the DSpark drafter).
+RELEASE = {"tiny-a": "first", "tiny-b": "0731"}
 
 # Every key of the published config.json (docs/checkpoint.md §2.1).
 REAL_CONFIG_KEYS = {
@@ -70,6 +75,15 @@ REAL_CONFIG_KEYS = {
     "compress_rope_theta",
     "compress_ratios",
 }
+# The keys 0731 adds (every other key keeps the first release's value, except compress_ratios,
+# which has one entry per drafter stage instead of the MTP entry).
+DSPARK_KEYS = [
+    "dspark_block_size",
+    "dspark_noise_token_id",
+    "dspark_target_layer_ids",
+    "dspark_markov_rank",
+]
+DSPARK_STAGES = 3
 
 DTYPE_SIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "BF16": 2, "F32": 4, "I64": 8}
 SPECIAL_LOW = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"]
@@ -180,6 +194,10 @@ def ref_arrays(name):
 # ------------------------------------------------------------------------------------------
 # Expected tensor inventory, derived from config.json the way the real checkpoint is laid out
 # ------------------------------------------------------------------------------------------
+def is_0731(cfg):
+    return "dspark_target_layer_ids" in cfg
+
+
 def expected_tensors(cfg):
     H, V, NH, D = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"], cfg["head_dim"]
     QL, G, R = cfg["q_lora_rank"], cfg["o_groups"], cfg["o_lora_rank"]
@@ -247,6 +265,24 @@ def expected_tensors(cfg):
     hc("hc_head", HC, 1)
     for i in range(L):
         block(f"layers.{i}.", ratios[i], i < cfg["num_hash_layers"])
+    if is_0731(cfg):
+        # DSpark: each stage is a block without compressor or indexer (entry 0), learned routing;
+        # mtp.0 takes the target layers' hidden states in, the last stage has the output side.
+        MR = cfg["dspark_markov_rank"]
+        n = len(ratios) - L
+        for s in range(n):
+            p = f"mtp.{s}."
+            block(p, ratios[L + s], False)
+            if s == 0:
+                fp8(p + "main_proj", H, len(cfg["dspark_target_layer_ids"]) * H)
+                exp[p + "main_norm.weight"] = ("BF16", (H,))
+            if s == n - 1:
+                exp[p + "norm.weight"] = ("BF16", (H,))
+                hc(p + "hc_head", HC, 1)
+                exp[p + "markov_head.markov_w1.weight"] = ("BF16", (V, MR))
+                exp[p + "markov_head.markov_w2.weight"] = ("BF16", (V, MR))
+                exp[p + "confidence_head.proj.weight"] = ("BF16", (1, H + MR))
+        return exp
     for m in range(cfg["num_nextn_predict_layers"]):
         p = f"mtp.{m}."
         block(p, ratios[L + m], False)
@@ -258,6 +294,11 @@ def expected_tensors(cfg):
     return exp
 
 
+def drafter_blocks(cfg):
+    """mtp.* blocks: the first release's MTP block(s), or 0731's DSpark stages."""
+    return len(cfg["compress_ratios"]) - cfg["num_hidden_layers"]
+
+
 params = pytest.mark.parametrize("name", FIXTURES)
 
 
@@ -267,7 +308,12 @@ params = pytest.mark.parametrize("name", FIXTURES)
 @params
 def test_config_has_real_keys(name):
     cfg = config(name)
-    assert set(cfg) == REAL_CONFIG_KEYS
+    if RELEASE[name] == "0731":
+        assert set(cfg) == REAL_CONFIG_KEYS | set(DSPARK_KEYS)
+        assert is_0731(cfg)
+    else:
+        assert set(cfg) == REAL_CONFIG_KEYS
+        assert not any(k.startswith("dspark") for k in cfg)
     assert cfg["model_type"] == "deepseek_v4"
     assert cfg["expert_dtype"] == "fp4"
     assert cfg["quantization_config"] == {
@@ -282,11 +328,33 @@ def test_config_has_real_keys(name):
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (0, 1)
     L = cfg["num_hidden_layers"]
     ratios = cfg["compress_ratios"]
-    assert len(ratios) == L + 1, "one entry per layer plus the MTP entry"
-    assert ratios[-1] == 0
+    if RELEASE[name] == "0731":
+        assert len(ratios) == L + DSPARK_STAGES, "one entry per layer plus one per drafter stage"
+        assert ratios[L:] == [0] * DSPARK_STAGES
+    else:
+        assert len(ratios) == L + 1, "one entry per layer plus the MTP entry"
+        assert ratios[-1] == 0
     assert 0 < cfg["num_hash_layers"] < L
     assert cfg["qk_rope_head_dim"] < cfg["head_dim"]
     assert cfg["qk_rope_head_dim"] < cfg["index_head_dim"]
+
+
+def test_0731_config_keys():
+    """tiny-b's dspark_* keys: the real values scaled down, after the first release's keys."""
+    for name in FIXTURES:
+        if RELEASE[name] != "0731":
+            continue
+        cfg = config(name)
+        L, V = cfg["num_hidden_layers"], cfg["vocab_size"]
+        first = [k for k in config("tiny-a")]  # the first release's key order
+        assert list(cfg) == first + DSPARK_KEYS
+        assert cfg["num_nextn_predict_layers"] == 1  # unchanged in 0731
+        assert cfg["dspark_block_size"] == 5
+        assert cfg["dspark_target_layer_ids"] == list(range(L - 3, L)), "the last three layers"
+        assert cfg["dspark_markov_rank"] == 16
+        noise = cfg["dspark_noise_token_id"]
+        assert isinstance(noise, int) and 0 <= noise < V
+        assert len(SPECIAL_LOW) <= noise < V - len(SPECIAL_HIGH), "noise id: not a special token"
 
 
 @params
@@ -315,6 +383,47 @@ def test_tensor_inventory_matches_config(name):
     assert sorted(set(got) - set(exp)) == []
     for k in exp:
         assert got[k] == exp[k], k
+
+
+@params
+def test_drafter_tensors_and_shards(name):
+    """0731: three DSpark stages, each in its own shard at the end, holding only mtp.S.*; no MTP
+    tensors.  First release: one MTP block with e_proj/h_proj/enorm/hnorm."""
+    cfg = config(name)
+    E = cfg["n_routed_experts"]
+    wm = index(name)["weight_map"]
+    files = sorted(set(wm.values()))
+    mtp = [k for k in wm if k.startswith("mtp.")]
+    mtp_only = ("e_proj", "h_proj", "enorm", "hnorm")
+    if RELEASE[name] != "0731":
+        assert {k.split(".")[1] for k in mtp} == {"0"}
+        assert all(f"mtp.0.{n}.weight" in wm for n in mtp_only)
+        return
+    assert not [k for k in mtp if k.split(".")[2] in mtp_only], "no MTP tensors in 0731"
+    n = DSPARK_STAGES
+    assert len(files) > n
+    main_files = set(files[:-n])
+    assert all(not k.startswith("mtp.") for k, f in wm.items() if f in main_files)
+    for s, f in enumerate(files[-n:]):
+        assert {k for k, v in wm.items() if v == f} == {
+            k for k in mtp if k.startswith(f"mtp.{s}.")
+        }, f"{f} must hold mtp.{s}.* and nothing else"
+    # Tensor counts per stage: a block is 29 + 6 E tensors (1,565 with the real 256 experts);
+    # mtp.0 adds main_proj (+ scale) and main_norm, the last stage 7 output-side tensors.
+    block = 29 + 6 * E
+    assert 29 + 6 * 256 == 1565
+    counts = [sum(k.startswith(f"mtp.{s}.") for k in mtp) for s in range(n)]
+    assert counts == [block + 3, block, block + 7]  # real: 1,568 / 1,565 / 1,572
+    t = tensors(name)
+    H, V, MR = cfg["hidden_size"], cfg["vocab_size"], cfg["dspark_markov_rank"]
+    assert t["mtp.0.main_proj.weight"][:2] == ("F8_E4M3", (H, 3 * H))
+    assert t["mtp.0.main_proj.scale"][:2] == ("F8_E8M0", (-(-H // 128), -(-3 * H // 128)))
+    assert t["mtp.2.markov_head.markov_w1.weight"][:2] == ("BF16", (V, MR))
+    assert t["mtp.2.confidence_head.proj.weight"][:2] == ("BF16", (1, H + MR))
+    for s in range(n):  # sliding-window blocks: no compressor, no indexer; learned routing
+        assert not [k for k in mtp if k.startswith(f"mtp.{s}.attn.") and "compressor" in k]
+        assert not [k for k in mtp if k.startswith(f"mtp.{s}.attn.indexer")]
+        assert f"mtp.{s}.ffn.gate.bias" in wm and f"mtp.{s}.ffn.gate.tid2eid" not in wm
 
 
 @params
@@ -395,7 +504,7 @@ def test_fp4_expert_packing(name):
         blocks = np.abs(w).reshape(rows, -1, 32).max(axis=2) / np.exp2(s.astype(float) - 127)
         assert (blocks >= 3).all() and (blocks <= 6).all(), k  # tightest power-of-two scale
         n += 1
-    assert n == 3 * cfg["n_routed_experts"] * (cfg["num_hidden_layers"] + 1)
+    assert n == 3 * cfg["n_routed_experts"] * (cfg["num_hidden_layers"] + drafter_blocks(cfg))
 
 
 @params
