@@ -94,10 +94,29 @@ TINY = Dims(
 )
 
 
-def make_config(n_layers: int, d: Dims = REAL) -> dict:
-    """The published config.json (all keys) with num_hidden_layers = n_layers."""
+RELEASES = ("first", "0731")
+DSPARK_STAGES = 3  # the 0731 release's drafter stages (mtp.0..mtp.2)
+
+
+def make_config(n_layers: int, d: Dims = REAL, release: str = "first") -> dict:
+    """The published config.json (all keys) with num_hidden_layers = n_layers; for ``0731``
+    with one ``compress_ratios`` entry per DSpark stage and the four ``dspark_*`` keys (the
+    target layers are the last three of the cut)."""
     if not 1 <= n_layers <= len(REAL_RATIOS):
         raise ValueError(f"--layers must be in 1..{len(REAL_RATIOS)}, got {n_layers}")
+    if release not in RELEASES:
+        raise ValueError(f"--release must be one of {', '.join(RELEASES)}, got {release!r}")
+    cfg = _config(n_layers, d)
+    if release == "0731":
+        cfg["compress_ratios"] = REAL_RATIOS[:n_layers] + [0] * DSPARK_STAGES
+        cfg["dspark_block_size"] = 5
+        cfg["dspark_noise_token_id"] = 128799 if d.vocab == REAL.vocab else d.vocab - 8
+        cfg["dspark_target_layer_ids"] = list(range(max(0, n_layers - 3), n_layers))
+        cfg["dspark_markov_rank"] = 256 if d.vocab == REAL.vocab else 16
+    return cfg
+
+
+def _config(n_layers: int, d: Dims) -> dict:
     return {
         "architectures": ["DeepseekV4ForCausalLM"],
         "attention_bias": False,
@@ -215,9 +234,13 @@ def _hc(prefix: str, rows: int, d: Dims) -> List[Spec]:
     ]
 
 
-def layer_specs(i: int, ratio: int, hash_layer: bool, d: Dims) -> List[Spec]:
+def layer_specs(
+    i: int, ratio: int, hash_layer: bool, d: Dims, prefix: Optional[str] = None
+) -> List[Spec]:
+    """Layer ``i``'s tensors (``prefix`` given: a drafter block's, ``mtp.S.``, whose router
+    is plain random: the engine never runs it)."""
     H, D, QL, I = d.hidden, d.head_dim, d.q_lora, d.moe_inter  # noqa: E741
-    p = f"layers.{i}."
+    p = prefix or f"layers.{i}."
     out: List[Spec] = [
         Spec(p + "attn.attn_sink", "F32", (d.heads,), "f32", 1.0),
         Spec(p + "attn.q_norm.weight", "BF16", (QL,), "bf16norm"),
@@ -254,10 +277,14 @@ def layer_specs(i: int, ratio: int, hash_layer: bool, d: Dims) -> List[Spec]:
         ]
         out += _quantized(x + "wq_b", d.index_heads * ID, QL, 1 / math.sqrt(QL))
     f = p + "ffn."
-    out.append(Spec(f + "gate.weight", "BF16", (d.experts, H), "gate_w", layer=i))
-    if hash_layer:
+    if prefix is not None:
+        out.append(Spec(f + "gate.weight", "BF16", (d.experts, H), "bf16", 1 / math.sqrt(H)))
+        out.append(Spec(f + "gate.bias", "F32", (d.experts,), "f32", 0.1))
+    elif hash_layer:
+        out.append(Spec(f + "gate.weight", "BF16", (d.experts, H), "gate_w", layer=i))
         out.append(Spec(f + "gate.tid2eid", "I64", (d.vocab, d.topk), "tid2eid", layer=i))
     else:
+        out.append(Spec(f + "gate.weight", "BF16", (d.experts, H), "gate_w", layer=i))
         out.append(Spec(f + "gate.bias", "F32", (d.experts,), "gate_bias", layer=i))
     # SwiGLU: gate/up pre-activations ~1.5 RMS (the +-10 clamps rarely bite); down projection
     # gives each expert an output of ~0.25 RMS.
@@ -277,7 +304,8 @@ def layer_specs(i: int, ratio: int, hash_layer: bool, d: Dims) -> List[Spec]:
 
 
 def plan(cfg: dict, d: Dims) -> List[Spec]:
-    """Every tensor of the checkpoint (no MTP), in write order: embedding, layers, head."""
+    """Every tensor of the checkpoint, in write order: embedding, layers, head, then the DSpark
+    drafter's stages of a 0731 config (the first release's MTP block is not written)."""
     n = cfg["num_hidden_layers"]
     specs = [Spec("embed.weight", "BF16", (d.vocab, d.hidden), "bf16", 1.0)]
     for i in range(n):
@@ -287,17 +315,47 @@ def plan(cfg: dict, d: Dims) -> List[Spec]:
         Spec("norm.weight", "BF16", (d.hidden,), "bf16norm"),
     ]
     specs += _hc("hc_head", d.hc_mult, d)
+    if "dspark_block_size" in cfg:
+        specs += drafter_specs(cfg, d)
     return specs
+
+
+def drafter_specs(cfg: dict, d: Dims) -> List[Spec]:
+    """The 0731 DSpark stages ``mtp.0``.. (docs/checkpoint.md §3.1): sliding-window blocks;
+    ``main_proj`` + ``main_norm`` on the first, ``norm``, ``hc_head_*``, the Markov and the
+    confidence heads on the last."""
+    H, V, R = d.hidden, d.vocab, cfg["dspark_markov_rank"]
+    stages = len(cfg["compress_ratios"]) - cfg["num_hidden_layers"]
+    targets = len(cfg["dspark_target_layer_ids"])
+    out: List[Spec] = []
+    for s in range(stages):
+        p = f"mtp.{s}."
+        out += layer_specs(-1, 0, False, d, prefix=p)
+        if s == 0:
+            out += _quantized(p + "main_proj", H, targets * H, 1 / math.sqrt(targets * H))
+            out.append(Spec(p + "main_norm.weight", "BF16", (H,), "bf16norm"))
+        if s == stages - 1:
+            out.append(Spec(p + "norm.weight", "BF16", (H,), "bf16norm"))
+            out += _hc(p + "hc_head", d.hc_mult, d)
+            for w in ("markov_w1", "markov_w2"):
+                out.append(Spec(p + f"markov_head.{w}.weight", "BF16", (V, R), "bf16", 0.05))
+            conf = (1, H + R)
+            out.append(Spec(p + "confidence_head.proj.weight", "BF16", conf, "bf16", 0.05))
+    return out
 
 
 def shard_plan(specs: Sequence[Spec], max_bytes: int) -> List[List[Spec]]:
     """Greedy split in write order into shards of at most max_bytes (a bigger tensor gets a
-    shard of its own); inside a shard, tensors are laid out like the safetensors writer does
-    (by dtype alignment, then name), so one expert's six tensors are contiguous."""
+    shard of its own), each drafter stage in shards of its own (as 0731 publishes it); inside
+    a shard, tensors are laid out like the safetensors writer does (by dtype alignment, then
+    name), so one expert's six tensors are contiguous."""
     shards: List[List[Spec]] = [[]]
     size = 0
     for s in specs:
-        if shards[-1] and size + s.nbytes > max_bytes:
+        group = s.name.split(".")[1] if s.name.startswith("mtp.") else ""
+        prev = shards[-1][-1].name if shards[-1] else ""
+        prev_group = prev.split(".")[1] if prev.startswith("mtp.") else ""
+        if shards[-1] and (size + s.nbytes > max_bytes or group != prev_group):
             shards.append([])
             size = 0
         shards[-1].append(s)
@@ -669,6 +727,7 @@ def build(
     max_shard_bytes: int = REAL_SHARD_BYTES,
     zipf: float = 1.0,
     log=print,
+    release: str = "first",
 ) -> dict:
     """Writes the checkpoint; returns {"bytes", "shards", "tensors", "seconds"}."""
     t0 = time.time()
@@ -676,7 +735,7 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("model-*.safetensors"):
         old.unlink()
-    cfg = make_config(n_layers, d)
+    cfg = make_config(n_layers, d, release)
     specs = plan(cfg, d)
     shards = shard_plan(specs, max_shard_bytes)
     total = sum(s.nbytes for s in specs)
@@ -742,6 +801,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--zipf", type=float, default=1.0, help="popularity exponent (default 1)")
     ap.add_argument(
+        "--release",
+        choices=RELEASES,
+        default="first",
+        help="first: the first release's config (no drafter tensors); 0731: its config and "
+        "the three DSpark drafter stages (10.9 GB at full width)",
+    )
+    ap.add_argument(
         "--check-routing",
         nargs="?",
         const="",
@@ -766,7 +832,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.out is None:
         ap.error("--out is required")
     shard = int(a.shard_mb * 1e6) if a.shard_mb else (REAL_SHARD_BYTES if not a.tiny else 1 << 20)
-    r = build(a.out, a.layers, a.seed, d, shard, a.zipf)
+    r = build(a.out, a.layers, a.seed, d, shard, a.zipf, release=a.release)
     print(
         f"wrote {r['bytes'] / 1e9:.2f} GB ({r['tensors']} tensors, {r['shards']} shards) "
         f"in {r['seconds']:.1f} s ({r['bytes'] / 1e9 / max(r['seconds'], 1e-9):.2f} GB/s)"

@@ -324,6 +324,26 @@ def test_synthetic_checkpoint_is_accepted(ms, tiny_synth):
     assert np.isfinite(ms.read_tensor(out, "layers.3.ffn.gate.bias")).all()
 
 
+def test_synthetic_0731_checkpoint_has_the_drafter_the_plan_leaves_out(ms, tiny_synth, tmp_path):
+    from v4flash.doctor import inspect_checkpoint
+
+    out = tmp_path / "synth0731"
+    info = ms.build(out, 4, 7, ms.TINY, 1 << 20, log=lambda *a: None, release="0731")
+    ins = inspect_checkpoint(out, tokenizer=False)
+    assert ins.ok, ins.problems
+    assert ins.drafter["usable"] and ins.drafter["blocks"] == 3
+    assert ins.sizes["drafter"] == ins.drafter["bytes"] > 0
+    # the drafter's stages sit in shards of their own, after the model's
+    wm = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    for stage in range(3):
+        files = {f for n, f in wm.items() if n.startswith(f"mtp.{stage}.")}
+        assert all(n.startswith(f"mtp.{stage}.") for n, f in wm.items() if f in files)
+    # the same model as the first release's: the same plan, no drafter byte in it
+    first, _ = tiny_synth
+    assert v4flash.plan(out, ram_gb=2) == v4flash.plan(first, ram_gb=2)
+    assert info["bytes"] == sum(ins.sizes.values())
+
+
 def test_synthetic_checkpoint_is_deterministic(ms, tiny_synth, tmp_path):
     out, _ = tiny_synth
     again = tmp_path / "again"

@@ -17,7 +17,7 @@ import v4flash
 from make_bad_checkpoints import CONFIG_CASES, GOOD
 from test_fixtures import expected_tensors as independent_table
 from v4flash import _core, bench, doctor
-from v4flash.config import Config, expected_tensors, load_config, validate
+from v4flash.config import Config, drafter_tensors, expected_tensors, load_config, validate
 
 FIXTURES = GOOD.parent
 
@@ -105,11 +105,13 @@ def test_the_config_holds_what_the_core_returns():
     assert set(d) == {f.name for f in dataclasses.fields(Config)}
     assert cfg == Config(**d)
     assert cfg.raw == good()  # the whole file, unknown keys included
-    assert cfg.compress_ratios == good()["compress_ratios"][: cfg.num_hidden_layers]
+    assert cfg.compress_ratios == good()["compress_ratios"]  # as written, the MTP entry too
     kinds = {0: "sliding_attention", 4: "compressed_sparse_attention"}
     assert cfg.layer_types == [
-        kinds.get(r, "heavily_compressed_attention") for r in cfg.compress_ratios
+        kinds.get(r, "heavily_compressed_attention")
+        for r in cfg.compress_ratios[: cfg.num_hidden_layers]
     ]
+    assert cfg.drafter == {"kind": "mtp", "blocks": 1} and cfg.dspark_block_size is None
     assert cfg.rms_norm_eps == 1e-6  # as written, not rounded to f32
     # to_json describes the same model, and so does a Config built by hand
     assert validate(cfg.to_json()) == cfg
@@ -140,8 +142,12 @@ def test_the_table_agrees_with_the_independent_one(name):
     for n, (dtype, shape) in theirs.items():
         assert ours[n][0][0] == dtype, n
         assert ours[n][1] == shape, n
-    # doctor's table is this one
-    assert doctor.expected_tensors(validate(raw)) == ours
+    # the drafter's table (first release: MTP block; 0731: DSpark stages) likewise
+    drafter = drafter_tensors(validate(raw))
+    theirs = {n: v for n, v in independent_table(raw).items() if n.startswith("mtp.")}
+    assert drafter and sorted(drafter) == sorted(theirs)
+    for n, (dtype, shape) in theirs.items():
+        assert drafter[n][0][0] == dtype and drafter[n][1] == shape, n
 
 
 def test_one_routed_expert_test():

@@ -21,10 +21,11 @@ from hub_layout import (
     make_cache,
     make_local_dir,
 )
-from v4flash import hub
+from v4flash import _core, hub
 from v4flash.doctor import GB, _gb
 
 TINY = FIXTURES / "tiny-a"
+TINY_TOTAL = 5310484  # its index's metadata.total_size
 SHARD = "model-00002-of-00002.safetensors"
 
 
@@ -190,14 +191,22 @@ def test_a_download_stopped_before_the_index_uses_the_published_size(cache, caps
     clean_error(p, "no model.safetensors.index.json", "about 160 GB", f"v4flash download {REPO}")
 
 
-def test_published_size_agrees_with_the_model_shapes():
-    from v4flash.bench import real_model_bytes
+def test_published_sizes_agree_with_the_tensor_tables():
+    import math
 
-    m = real_model_bytes()
-    layers = m["dense_resident_bytes"] + 43 * 256 * m["expert_bytes"]  # embedding included
-    assert layers < hub.PUBLISHED_BYTES < layers * 1.05  # plus the MTP layer
-    assert hub.checkpoint_bytes(TINY) == (5310484, "the index's total_size")
-    assert hub.checkpoint_bytes(None)[0] == hub.PUBLISHED_BYTES
+    from v4flash.bench import ITEMSIZE
+
+    def table_bytes(rows):
+        return sum(math.prod(shape) * ITEMSIZE[dtypes[0]] for _, dtypes, shape in rows)
+
+    for repo, release in [(REPO, "first"), (REPO + "-0731", "0731")]:
+        cfg = _core.published_config(release)
+        total = table_bytes(_core.expected_tensors(cfg)) + table_bytes(_core.drafter_tensors(cfg))
+        assert hub.RELEASES[repo] == total, repo
+        assert hub.checkpoint_bytes(None, repo) == (total, "the published checkpoint")
+    assert hub.REPO_ID == REPO + "-0731"  # download fetches the newest release
+    assert hub.checkpoint_bytes(TINY) == (TINY_TOTAL, "the index's total_size")
+    assert hub.checkpoint_bytes(None, "org/other") == (None, "unknown")
 
 
 def test_without_huggingface_hub_a_repo_id_says_how_to_install_it(no_hub, capsys):
@@ -451,8 +460,8 @@ def test_download_defaults_to_deepseek_into_the_cache(cache, capsys, monkeypatch
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
     p = main_(capsys, "download")
     assert p.returncode == 0, p.stderr
-    assert fake.calls == [{"repo_id": REPO}]
-    assert f"ready: v4flash chat --model {REPO}" in p.stdout
+    assert fake.calls == [{"repo_id": hub.REPO_ID}]
+    assert f"ready: v4flash chat --model {hub.REPO_ID}" in p.stdout
 
 
 def test_download_warns_when_the_disk_is_too_small(cache, capsys, monkeypatch):
@@ -461,8 +470,8 @@ def test_download_warns_when_the_disk_is_too_small(cache, capsys, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", FakeSnapshot())
     monkeypatch.setattr(hub, "free_bytes", lambda path: 5 * GB)
     p = main_(capsys, "download", "--no-verify")
-    assert f"downloading {REPO} into {cache} (about 160 GB)" in p.stderr
-    assert "warning: about 160.0 GB more is needed but only 5.0 GB is free" in p.stderr
+    assert f"downloading {hub.REPO_ID} into {cache} (about 167 GB)" in p.stderr
+    assert "warning: about 166.9 GB more is needed but only 5.0 GB is free" in p.stderr
     # resuming: the index that is already there gives the size, what is there counts
     monkeypatch.setattr(hub, "free_bytes", lambda path: 1)
     p = main_(capsys, "download", "--no-verify")

@@ -34,11 +34,16 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .doctor import GB, _gb
 
-REPO_ID = "deepseek-ai/DeepSeek-V4-Flash"
-# The published checkpoint's size on disk, "about 160 GB": the 43 layers' tensors are 156.0 GB
-# (bench.real_model_bytes) and the MTP layer adds the rest. A checkpoint's own index
-# (metadata.total_size) wins wherever it is present.
-PUBLISHED_BYTES = 160 * 10**9
+# The releases of DeepSeek V4 Flash, newest first: repo id -> its index's metadata.total_size
+# (bytes). Both hold the same 156.0 GB model (bench.real_model_bytes); 0731 adds the DSpark
+# drafter (three stages, 10.9 GB), the first release an MTP block (3.6 GB). A checkpoint's own
+# index wins wherever it is present.
+RELEASES = {
+    "deepseek-ai/DeepSeek-V4-Flash-0731": 166_878_536_440,
+    "deepseek-ai/DeepSeek-V4-Flash": 159_609_485_896,
+}
+# what ``download`` fetches without a repo: the newest release
+REPO_ID, FIRST_RELEASE = list(RELEASES)[0], list(RELEASES)[-1]
 INSTALL_HINT = "pip install 'v4flash[hub]' (or: pip install huggingface_hub)"
 CHUNK = 16 << 20  # bytes per read when hashing
 
@@ -157,20 +162,41 @@ def index_total_size(folder: Optional[os.PathLike]) -> Optional[int]:
     return n if isinstance(n, int) and n > 0 else None
 
 
-def checkpoint_bytes(folder: Optional[os.PathLike] = None) -> Tuple[int, str]:
-    """(bytes the whole checkpoint takes, how that is known)."""
+def release_repo(folder: os.PathLike) -> str:
+    """The release a checkpoint folder holds, by its config: the repo id of 0731 when the core
+    finds a DSpark drafter in it, else the first release's (for a ``--dir`` download, whose
+    folder does not name its repo)."""
+    from . import _core
+
+    try:
+        drafter = _core.validate_config(str(Path(folder) / "config.json")).get("drafter")
+    except (OSError, ValueError, _core.V4FlashError):
+        return REPO_ID
+    return REPO_ID if (drafter or {}).get("kind") == "dspark" else FIRST_RELEASE
+
+
+def checkpoint_bytes(
+    folder: Optional[os.PathLike] = None, repo_id: str = REPO_ID
+) -> Tuple[Optional[int], str]:
+    """(bytes the whole checkpoint takes, how that is known): the folder's index, else the
+    release's published size, else (None, "unknown") for a repo that is not a known release."""
     n = index_total_size(folder)
     if n is not None:
         return n, "the index's total_size"
-    return PUBLISHED_BYTES, "the published checkpoint"
+    if repo_id in RELEASES:
+        return RELEASES[repo_id], "the published checkpoint"
+    return None, "unknown"
 
 
-def _space_text(need: int, where: Path, repo_id: str, *, about: bool) -> str:
+def _space_text(need: Optional[int], where: Path, repo_id: str, *, about: bool) -> str:
     """``It needs about 160 GB of disk; 65.2 GB is free there.`` (and where to put it when that
-    is not enough)."""
+    is not enough); for a repo of unknown size, only what is free."""
+    free = free_bytes(where)
+    if need is None:
+        where_free = f" ({_gb(free)} is free on the disk of {where})" if free is not None else ""
+        return f"Its size is not known before its index is downloaded{where_free}."
     size = f"about {need / GB:.0f} GB" if about else _gb(need)
     text = f"It needs {size} of disk"
-    free = free_bytes(where)
     if free is None:
         return text + "."
     text += f"; {_gb(free)} is free on the disk of {where}"
@@ -219,7 +245,7 @@ def locate(model: str, cache_dir: Optional[os.PathLike] = None) -> Located:
                     2,
                 )
         elif (p / ".cache" / "huggingface" / "download").is_dir():  # a --dir download
-            _check_complete(p, REPO_ID, local_dir=p)
+            _check_complete(p, release_repo(p), local_dir=p)
         return Located(p)
     if looks_like_repo_id(model):
         return resolve_repo(model, cache_dir)
@@ -283,7 +309,7 @@ def resolve_repo(repo_id: str, cache_dir: Optional[os.PathLike] = None) -> Locat
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     found = hub.try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache))
     if not isinstance(found, str):
-        need, _ = checkpoint_bytes(None)
+        need, _ = checkpoint_bytes(None, repo_id)
         if "gguf" in repo_id.lower():
             raise HubError(
                 f"{repo_id} is not in the Hugging Face cache, and it looks like a GGUF "
@@ -310,7 +336,7 @@ def _check_complete(snap: Path, repo_id: str, local_dir: Optional[Path] = None) 
     if not index.is_file():
         if (snap / "model.safetensors").is_file():
             return
-        need, _ = checkpoint_bytes(None)
+        need, _ = checkpoint_bytes(None, repo_id)
         raise HubError(
             f"{repo_id} is only partly downloaded ({snap} has no model.safetensors.index.json); "
             f"finish it with: {cmd} (it resumes). " + _space_text(need, snap, repo_id, about=True),
@@ -323,14 +349,13 @@ def _check_complete(snap: Path, repo_id: str, local_dir: Optional[Path] = None) 
     missing = [s for s in shards if not (snap / s).is_file()]
     if not missing:
         return
-    total = index_total_size(snap) or PUBLISHED_BYTES
+    total, _ = checkpoint_bytes(snap, repo_id)
     have = sum((snap / s).stat().st_size for s in shards if (snap / s).is_file())
+    left = None if total is None else max(total - have, 0)
     raise HubError(
         f"{repo_id} is only partly downloaded: {len(missing)} of {len(shards)} shards missing "
         f"(e.g. {missing[0]}); finish it with: {cmd} (it resumes). "
-        + _space_text(max(total - have, 0), snap, repo_id, about=False).replace(
-            "It needs", "The rest needs"
-        ),
+        + _space_text(left, snap, repo_id, about=False).replace("It needs", "The rest needs"),
         2,
     )
 
@@ -547,7 +572,7 @@ def verify(
 def repair_hint(v: Verified, folder: Path) -> str:
     """What to do about the damaged files: delete them, fetch them again."""
     h = v.hashes
-    repo = h.repo_id or REPO_ID
+    repo = h.repo_id or release_repo(folder)
     paths: List[str] = []
     for f, _ in v.bad + v.unreadable:
         paths.append(str(f.path))
@@ -637,15 +662,17 @@ def download(repo_id: str, local_dir: Optional[str] = None) -> Path:
     hub = import_hub("v4flash download")
     target = (Path(local_dir).expanduser() if local_dir else default_cache_dir()).absolute()
     there = Path(local_dir).expanduser() if local_dir else repo_folder(repo_id, target)
-    total = index_total_size(_known_snapshot(there))
-    size = _gb(total) if total else f"about {PUBLISHED_BYTES / GB:.0f} GB"
-    total = total or PUBLISHED_BYTES
+    total, how = checkpoint_bytes(_known_snapshot(there), repo_id)
+    if total is None:
+        size = "size not known before its index"
+    else:
+        size = _gb(total) if how.startswith("the index") else f"about {total / GB:.0f} GB"
     have = _bytes_under(there)
-    need = max(total - have, 0)
+    need = None if total is None else max(total - have, 0)
     free = free_bytes(target)
     more = f", {_gb(have)} of it already there" if have else ""
     print(f"v4flash: downloading {repo_id} into {target} ({size}{more})", file=sys.stderr)
-    if free is not None and free < need:
+    if free is not None and need is not None and free < need:
         print(
             f"v4flash: warning: about {_gb(need)} more is needed but only {_gb(free)} is free "
             f"on the disk of {target}: the download will fail before it ends (use --dir DIR on "
