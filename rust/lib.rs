@@ -14,5 +14,6 @@ pub mod probe;
 mod python;
 pub mod scratch;
 pub mod store;
+pub mod tuning;
 
 pub use error::{Error, Result};

@@ -22,7 +22,7 @@ from hub_layout import (
     make_local_dir,
 )
 from v4flash import _core, hub
-from v4flash.doctor import GB, _gb
+from v4flash.units import GB, gb
 
 TINY = FIXTURES / "tiny-a"
 TINY_TOTAL = 5310484  # its index's metadata.total_size
@@ -168,7 +168,7 @@ def test_a_partial_download_says_what_is_left(cache, capsys):
         p,
         "only partly downloaded: 1 of 2 shards missing",
         SHARD,
-        f"The rest needs {_gb(total['total_size'] - have)} of disk",
+        f"The rest needs {gb(total['total_size'] - have)} of disk",
         f"v4flash download {REPO} (it resumes)",
     )
     assert "plan:" not in p.stderr
@@ -476,7 +476,7 @@ def test_download_warns_when_the_disk_is_too_small(cache, capsys, monkeypatch):
     monkeypatch.setattr(hub, "free_bytes", lambda path: 1)
     p = main_(capsys, "download", "--no-verify")
     have = sum(f.stat().st_size for f in TINY.iterdir()) + len(COMMIT)  # blobs + refs/main
-    assert f"(5.3 MB, {_gb(have)} of it already there)" in p.stderr
+    assert f"(5.3 MB, {gb(have)} of it already there)" in p.stderr
     assert "warning" not in p.stderr
 
 

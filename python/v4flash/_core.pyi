@@ -24,6 +24,7 @@ __all__ = [
     "is_routed_expert",
     "is_drafter",
     "published_config",
+    "sample_params",
     "plan",
     "mem_read_gbs",
     "disk_read_gbs",
@@ -58,6 +59,9 @@ def is_routed_expert(name: str) -> bool: ...
 def is_drafter(name: str) -> bool: ...
 def published_config(release: str) -> dict[str, Any]: ...
 def inspect_checkpoint(path: _Path) -> dict[str, Any]: ...
+def sample_params(
+    temperature: Any = None, top_p: Any = None, top_k: Any = None, seed: Any = None
+) -> tuple[float, float, int, int]: ...
 def plan(
     path: _Path,
     ram_bytes: int | None = None,

@@ -20,21 +20,18 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from . import NUMERICS, __version__, hub, kernel_tier
 from .config import expected_tensors  # noqa: F401  (re-exported for tests)
 from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
-    GB,
-    MIB,
     Inspection,
     TensorEntry,
-    _gb,
     inspect_checkpoint,
     is_routed_expert,
     machine_checks,
     plan_line,
     plan_summary,
     plan_table,
-    plural,
     thread_warning,
 )
 from .hub import REPO_ID, HubError
+from .units import gb, plural
 
 # --------------------------------------------------------------------------------------------
 # Arguments
@@ -553,10 +550,10 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
 
 def _size_line(ins: Inspection) -> str:
     z = ins.sizes
-    drafter = f" · drafter {_gb(z['drafter'])} (not used)" if z.get("drafter") else ""
+    drafter = f" · drafter {gb(z['drafter'])} (not used)" if z.get("drafter") else ""
     return (
-        f"tensors: {len(ins.tensors)} · dense {_gb(z['dense'])} · routed experts "
-        f"{_gb(z['experts'])}{drafter} · shards {len(ins.shard_sizes)}"
+        f"tensors: {len(ins.tensors)} · dense {gb(z['dense'])} · routed experts "
+        f"{gb(z['experts'])}{drafter} · shards {len(ins.shard_sizes)}"
     )
 
 

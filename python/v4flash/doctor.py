@@ -13,9 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _core, kernel_tier
 from .config import Config
-
-GB = 10**9  # --ram is in GB (10^9 bytes), as the engine's planner reads it
-MIB = 1 << 20  # --expert-cache-mb is in MiB
+from .units import GB, gb, plural
 
 # --------------------------------------------------------------------------------------------
 # Checkpoint inspection (no tensor data is read: headers and the index only)
@@ -102,14 +100,6 @@ def inspect_checkpoint(path: os.PathLike, tokenizer: bool = True) -> Inspection:
     return ins
 
 
-def _gb(n: float) -> str:
-    if n >= GB:
-        return f"{n / GB:.1f} GB"
-    if n >= 10**6:
-        return f"{n / 10**6:.1f} MB"
-    return f"{n / 1000:.0f} KB"
-
-
 # --------------------------------------------------------------------------------------------
 # Memory plan
 # --------------------------------------------------------------------------------------------
@@ -130,23 +120,18 @@ def plan_summary(
     return model.plan(model_dir, ram_gb, ctx=ctx, expert_cache_mb=expert_cache_mb)
 
 
-def plural(n: int, word: str) -> str:
-    """``1 thread``, ``2 threads``."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exact") -> str:
     budget = plan.get("budget_bytes")
     frac = plan["slots"] / plan["total_experts"] if plan.get("total_experts") else 0
     avail = plan.get("available_bytes")
     n_threads = plural(threads or os.cpu_count() or 1, "thread")
     if budget:
-        ram = _gb(budget)
+        ram = gb(budget)
     else:
-        ram = f"none (available {_gb(avail)})" if avail else "none"
+        ram = f"none (available {gb(avail)})" if avail else "none"
     return (
         f"plan: RAM budget {ram} · resident "
-        f"{_gb(plan['dense_bytes'])} · expert cache {_gb(plan['cache_bytes'])} "
+        f"{gb(plan['dense_bytes'])} · expert cache {gb(plan['cache_bytes'])} "
         f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · kernels "
         f"{kernel_tier()} · {numerics} numerics{_products(numerics)} · {n_threads}"
     )
@@ -168,24 +153,24 @@ def _products(numerics: str) -> str:
 
 def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:
     rows = [
-        ("RAM budget", _gb(plan["budget_bytes"]) if plan.get("budget_bytes") else "not set"),
-        ("resident weights", _gb(plan["dense_bytes"])),
+        ("RAM budget", gb(plan["budget_bytes"]) if plan.get("budget_bytes") else "not set"),
+        ("resident weights", gb(plan["dense_bytes"])),
     ]
     if plan.get("state_bytes"):
-        rows.append((f"session state (ctx {plan['ctx']:,})", _gb(plan["state_bytes"])))
+        rows.append((f"session state (ctx {plan['ctx']:,})", gb(plan["state_bytes"])))
     if plan.get("scratch_bytes"):
         chunk = f" (prefill chunk {plan['prefill_chunk']:,})" if plan.get("prefill_chunk") else ""
-        rows.append((f"scratch{chunk}", _gb(plan["scratch_bytes"])))
+        rows.append((f"scratch{chunk}", gb(plan["scratch_bytes"])))
     if plan.get("span_bytes"):
-        rows.append((f"prefill span ({plan['prefill_span']:,} tokens)", _gb(plan["span_bytes"])))
+        rows.append((f"prefill span ({plan['prefill_span']:,} tokens)", gb(plan["span_bytes"])))
     rows += [
-        ("overhead", _gb(plan["overhead_bytes"])),
+        ("overhead", gb(plan["overhead_bytes"])),
         (
             "expert cache",
-            f"{_gb(plan['cache_bytes'])} = {plan['slots']} of {plan['total_experts']} experts "
-            f"x {_gb(plan['slot_bytes'])}",
+            f"{gb(plan['cache_bytes'])} = {plan['slots']} of {plan['total_experts']} experts "
+            f"x {gb(plan['slot_bytes'])}",
         ),
-        ("total", _gb(plan["total_bytes"])),
+        ("total", gb(plan["total_bytes"])),
     ]
     return rows
 
@@ -396,7 +381,7 @@ def machine_checks(
 
     total, avail = memory_bytes()
     if total:
-        text = f"{_gb(total)} total" + (f", {_gb(avail)} available" if avail else "")
+        text = f"{gb(total)} total" + (f", {gb(avail)} available" if avail else "")
         status = "ok"
         if ram_gb and avail and ram_gb * GB > avail:
             status = "warn"
@@ -441,7 +426,7 @@ def machine_checks(
             fs = filesystem_of(shard)
             text = (
                 f"{'direct' if direct else 'buffered'} reads at {disk:.2f} GB/s "
-                f"({shard.name}, {_gb(read)} in 8 MiB reads: {one:.2f} GB/s one at a time, "
+                f"({shard.name}, {gb(read)} in 8 MiB reads: {one:.2f} GB/s one at a time, "
                 f"{many:.2f} GB/s {bench.DISK_READERS} in flight)"
                 + (f" on {fs}" if fs else "")
                 + (" (a small file: a rough figure)" if size < (256 << 20) else "")
@@ -503,6 +488,6 @@ def _expected_row(ram: float, given: bool, mem: float, disk: float) -> Tuple[str
             "warn",
             "expected decode",
             text + f"; {ram:g} GB leaves no expert cache (the full model's resident part and "
-            f"overhead take {_gb(floor)})",
+            f"overhead take {gb(floor)})",
         )
     return ("ok", "expected decode", text)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
-from .doctor import GB, _gb
+from .units import GB, gb
 
 # The releases of DeepSeek V4 Flash, newest first: repo id -> its index's metadata.total_size
 # (bytes). Both hold the same 156.0 GB model (bench.real_model_bytes); 0731 adds the DSpark
@@ -193,13 +193,13 @@ def _space_text(need: Optional[int], where: Path, repo_id: str, *, about: bool) 
     is not enough); for a repo of unknown size, only what is free."""
     free = free_bytes(where)
     if need is None:
-        where_free = f" ({_gb(free)} is free on the disk of {where})" if free is not None else ""
+        where_free = f" ({gb(free)} is free on the disk of {where})" if free is not None else ""
         return f"Its size is not known before its index is downloaded{where_free}."
-    size = f"about {need / GB:.0f} GB" if about else _gb(need)
+    size = f"about {need / GB:.0f} GB" if about else gb(need)
     text = f"It needs {size} of disk"
     if free is None:
         return text + "."
-    text += f"; {_gb(free)} is free on the disk of {where}"
+    text += f"; {gb(free)} is free on the disk of {where}"
     if free < need:
         text += (
             f", not enough: download it to a disk with room with `"
@@ -608,7 +608,7 @@ def verify_checks(v: Verified, folder: Path) -> List[Tuple[str, str, str]]:
             (
                 "fail",
                 f.rel,
-                f"{what} {found[:12]}… but the hub published {f.digest[:12]}… ({_gb(f.size)} "
+                f"{what} {found[:12]}… but the hub published {f.digest[:12]}… ({gb(f.size)} "
                 f"read): the file is damaged or incomplete; {hint}",
             )
         )
@@ -631,7 +631,7 @@ def verify_checks(v: Verified, folder: Path) -> List[Tuple[str, str, str]]:
             (
                 "ok",
                 "verify",
-                f"{len(h.files)} files, {_gb(v.bytes_read)}: every hash matches what the hub "
+                f"{len(h.files)} files, {gb(v.bytes_read)}: every hash matches what the hub "
                 f"published ({speed:.2f} GB/s)",
             )
         )
@@ -666,15 +666,15 @@ def download(repo_id: str, local_dir: Optional[str] = None) -> Path:
     if total is None:
         size = "size not known before its index"
     else:
-        size = _gb(total) if how.startswith("the index") else f"about {total / GB:.0f} GB"
+        size = gb(total) if how.startswith("the index") else f"about {total / GB:.0f} GB"
     have = _bytes_under(there)
     need = None if total is None else max(total - have, 0)
     free = free_bytes(target)
-    more = f", {_gb(have)} of it already there" if have else ""
+    more = f", {gb(have)} of it already there" if have else ""
     print(f"v4flash: downloading {repo_id} into {target} ({size}{more})", file=sys.stderr)
     if free is not None and need is not None and free < need:
         print(
-            f"v4flash: warning: about {_gb(need)} more is needed but only {_gb(free)} is free "
+            f"v4flash: warning: about {gb(need)} more is needed but only {gb(free)} is free "
             f"on the disk of {target}: the download will fail before it ends (use --dir DIR on "
             "a disk with room)",
             file=sys.stderr,

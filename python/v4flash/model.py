@@ -10,7 +10,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -43,20 +43,22 @@ def _int_arg(v: Any, name: str, minimum: int) -> int:
     return int(v)
 
 
-class _Sampling:
-    def __init__(self, temperature, top_p, top_k, seed):
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-        if not isinstance(top_p, (int, float)) or not (0 < top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.top_k = _int_arg(top_k, "top_k", 0)
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little")
-        self.seed = _int_arg(seed, "seed", 0) & ((1 << 64) - 1)
+class SampleParams(NamedTuple):
+    """Sampling parameters checked by the core (``sample_params``)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+
+
+def sample_params(
+    temperature: Any = 1.0, top_p: Any = 1.0, top_k: Any = 0, seed: Any = None
+) -> SampleParams:
+    """Checks sampling parameters with the core's rules (the one place they live:
+    ``SampleParams::new`` in ``rust/model/sample.rs``); ``seed`` None draws a random one.
+    ``ValueError`` names the parameter first (``"top_p must be in (0, 1], got 2"``)."""
+    return SampleParams(*_core.sample_params(temperature, top_p, top_k, seed))
 
 
 class Session:
@@ -134,7 +136,7 @@ class Session:
     def _prepare(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids):
         """Checks the arguments shared by ``generate`` and ``stream``."""
         n = _int_arg(max_new_tokens, "max_new_tokens", 1)
-        s = _Sampling(temperature, top_p, top_k, seed)
+        s = sample_params(temperature, top_p, top_k, seed)
         stops = self._model._stops(stop_ids)
         return self._model._check(_ids(ids, allow_empty=True)), n, s, stops
 

@@ -36,6 +36,7 @@ pub(crate) mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use crate::tuning::Tuning;
 use driver::Kernel;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -283,22 +284,14 @@ impl FastProducts {
 /// a tie in decode on Zen 4, Zen 5 and a Sapphire Rapids class Xeon; AVX2, which has no
 /// integer dot product instruction: 0.8x in prefill and a tie in decode on Zen 3;
 /// benches/README.md); else int8 (NEON, which has `sdot`, and portable).
-/// `V4FLASH_FAST_PRODUCTS=int8` or `f32` picks between those two where bf16 products are not
-/// in use (to measure them, and to test the int8 path on x86), decided once.
+/// `Tuning::fast_products` (`V4FLASH_FAST_PRODUCTS=int8` or `f32`) picks between those two
+/// where bf16 products are not in use (to measure them, and to test the int8 path on x86).
 pub fn fast_products() -> FastProducts {
-    static P: OnceLock<Option<FastProducts>> = OnceLock::new();
-    let forced = *P.get_or_init(|| {
-        let s = std::env::var("V4FLASH_FAST_PRODUCTS").ok()?;
-        match s.as_str() {
-            "int8" => Some(FastProducts::Int8),
-            "f32" => Some(FastProducts::F32),
-            "" => None,
-            _ => {
-                eprintln!("v4flash: V4FLASH_FAST_PRODUCTS={s} is not int8 or f32, ignored");
-                None
-            }
-        }
-    });
+    let forced = match Tuning::process().fast_products.as_deref() {
+        Some("int8") => Some(FastProducts::Int8),
+        Some("f32") => Some(FastProducts::F32),
+        _ => None,
+    };
     if bf16_products() {
         FastProducts::Bf16
     } else if let Some(p) = forced {
@@ -310,28 +303,17 @@ pub fn fast_products() -> FastProducts {
     }
 }
 
-/// An on/off override from the environment: `on` or `1` is Some(true), `off` or `0`
-/// Some(false), unset or anything else None (the rule of the switch decides).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn env_switch(name: &str) -> Option<bool> {
-    match std::env::var(name).ok().as_deref() {
-        Some("on" | "1") => Some(true),
-        Some("off" | "0") => Some(false),
-        _ => None,
-    }
-}
-
 /// The `vdpbf16ps` kernels fast and official numerics use for FP8/FP4 products: when the
 /// active tier is AVX-512, the CPU has avx512_bf16 and runs it at full rate
-/// (`x86::Bf16::full_rate`), decided once. `V4FLASH_BF16=off` turns them off,
-/// `V4FLASH_BF16=on` on wherever the CPU has avx512_bf16 (to measure them, and to test them
+/// (`x86::Bf16::full_rate`), decided once. `Tuning::bf16` (`V4FLASH_BF16`) `off` turns them
+/// off, `on` on wherever the CPU has avx512_bf16 (to measure them, and to test them
 /// on CPUs that would not pick them). See `x86::bf16` for why official loses nothing to
 /// them.
 #[cfg(target_arch = "x86_64")]
 fn bf16_kernel() -> Option<x86::Bf16> {
     static B: OnceLock<Option<x86::Bf16>> = OnceLock::new();
     *B.get_or_init(|| {
-        let env = env_switch("V4FLASH_BF16");
+        let env = Tuning::process().bf16;
         let (off, on) = (env == Some(false), env == Some(true));
         if off || active_tier() != Tier::Avx512 {
             return None;
@@ -609,15 +591,15 @@ impl Tier {
     }
 }
 
-/// The tier `matmul` uses: `V4FLASH_KERNELS` if set and available, else the best one.
+/// The tier `matmul` uses: `Tuning::kernels` (`V4FLASH_KERNELS`) if set and available, else
+/// the best one.
 pub fn active_tier() -> Tier {
     static ACTIVE: OnceLock<Tier> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
         let best = Tier::best();
-        match std::env::var("V4FLASH_KERNELS") {
-            Err(_) => best,
-            Ok(s) if s.is_empty() => best,
-            Ok(s) => match Tier::from_name(&s) {
+        match Tuning::process().kernels.as_deref() {
+            None => best,
+            Some(s) => match Tier::from_name(s) {
                 Some(t) if t.available() => t,
                 Some(t) => {
                     eprintln!(

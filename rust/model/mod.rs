@@ -22,6 +22,7 @@ use crate::scratch::{self, Buf};
 use crate::store::io::IoMode;
 use crate::store::policy::Policy;
 use crate::store::{ExpertStore, StoreOptions};
+use crate::tuning::Tuning;
 use attention::{AttnWeights, Ctx, IndexerWeights};
 use compressor::CompressorWeights;
 use hc::HyperConn;
@@ -78,6 +79,9 @@ pub struct LoadOptions {
     pub ctx: Option<usize>,
     /// How activations meet the weights (`kernels::Numerics`).
     pub numerics: Numerics,
+    /// The per-model switches (`lookahead`, `prefault`, `io_uring`; `Tuning::from_env` by
+    /// default). Its kernel switches are the process's (`Tuning::process`).
+    pub tuning: Tuning,
 }
 
 pub struct Model {
@@ -101,7 +105,7 @@ pub struct Model {
     /// Numerics mode of every forward pass.
     pub numerics: Numerics,
     /// Whether learned-routing layers prefetch their guessed experts before their attention
-    /// (`run_layer`): when the store has a cache to fill and `V4FLASH_LOOKAHEAD=0` is not set.
+    /// (`run_layer`): when the store has a cache to fill and `Tuning::lookahead` is on.
     pub lookahead: bool,
     pub pool: rayon::ThreadPool,
     pub threads: usize,
@@ -178,11 +182,11 @@ impl Model {
                 io: opts.io,
                 policy: opts.policy,
                 io_threads: opts.io_threads,
-                prefault: crate::store::region::prefault_enabled(),
+                prefault: opts.tuning.prefault,
+                io_uring: opts.tuning.io_uring,
             },
         )?;
-        let lookahead =
-            experts.can_prefetch() && std::env::var("V4FLASH_LOOKAHEAD").map_or(true, |v| v != "0");
+        let lookahead = experts.can_prefetch() && opts.tuning.lookahead;
         let embed = ld.dense("embed")?;
         let head = ld.dense("head")?;
         let norm = ld.floats("norm.weight")?;
@@ -696,6 +700,7 @@ impl Default for LoadOptions {
             expert_cache_bytes: None,
             ctx: None,
             numerics: Numerics::Exact,
+            tuning: Tuning::from_env(),
         }
     }
 }

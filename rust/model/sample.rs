@@ -12,21 +12,49 @@ pub struct SampleParams {
 }
 
 impl SampleParams {
-    pub fn check(&self) -> Result<()> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+    /// The sampling parameters of a request, checked: the one place their rules live (every
+    /// front end, Python's API, the CLI and the server's dialects, converts its arguments and
+    /// calls this). `seed` None draws a random one. Errors name the parameter first.
+    pub fn new(temperature: f64, top_p: f64, top_k: usize, seed: Option<u64>) -> Result<Self> {
+        let p = SampleParams {
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k,
+            seed: seed.unwrap_or_else(random_seed),
+        };
+        if !(temperature.is_finite() && temperature >= 0.0 && p.temperature.is_finite()) {
             return Err(Error::arg(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
+                "temperature must be a finite number >= 0, got {temperature}"
             )));
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(Error::arg(format!(
-                "top_p must be in (0, 1], got {}",
-                self.top_p
-            )));
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(Error::arg(format!("top_p must be in (0, 1], got {top_p}")));
         }
-        Ok(())
+        Ok(p)
     }
+
+    pub fn check(&self) -> Result<()> {
+        Self::new(
+            self.temperature as f64,
+            self.top_p as f64,
+            self.top_k,
+            Some(self.seed),
+        )
+        .map(|_| ())
+    }
+}
+
+/// A seed for a request that gave none: from the standard library's randomly keyed hasher
+/// (seeded from the operating system once per process, and a fresh key for every call).
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 pub struct Sampler {
@@ -111,6 +139,30 @@ pub fn argmax(x: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rules_of_the_parameters() {
+        let p = SampleParams::new(0.7, 0.9, 40, Some(5)).unwrap();
+        assert_eq!((p.temperature, p.top_p, p.top_k, p.seed), (0.7, 0.9, 40, 5));
+        for (t, p, want) in [
+            (
+                -0.1,
+                1.0,
+                "temperature must be a finite number >= 0, got -0.1",
+            ),
+            (f64::NAN, 1.0, "temperature must be"),
+            (1e300, 1.0, "temperature must be"),
+            (1.0, 0.0, "top_p must be in (0, 1], got 0"),
+            (1.0, 1.5, "top_p must be in (0, 1], got 1.5"),
+        ] {
+            let e = SampleParams::new(t, p, 0, Some(1)).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{e}");
+        }
+        // no seed: a random one, different from call to call
+        let a = SampleParams::new(1.0, 1.0, 0, None).unwrap().seed;
+        let b = SampleParams::new(1.0, 1.0, 0, None).unwrap().seed;
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn greedy_and_seeded() {

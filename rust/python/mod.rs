@@ -25,6 +25,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+mod args;
 mod checkpoint;
 
 create_exception!(
@@ -212,6 +213,7 @@ fn load_options(
         expert_cache_bytes,
         ctx,
         numerics,
+        tuning: crate::tuning::Tuning::from_env(),
     })
 }
 
@@ -768,6 +770,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bf16_products, m)?)?;
     m.add_function(wrap_pyfunction!(fast_products, m)?)?;
     checkpoint::register(m)?;
+    args::register(m)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(mem_read_gbs, m)?)?;
     m.add_function(wrap_pyfunction!(disk_read_gbs, m)?)?;

@@ -76,6 +76,8 @@ pub struct StoreOptions {
     pub io_threads: usize,
     /// Pre-fault the slots in the background (at idle priority).
     pub prefault: bool,
+    /// Direct reads through io_uring where the kernel allows (Linux), else a pread pool.
+    pub io_uring: bool,
 }
 
 /// The slot backend: the shared state, the job queue and the I/O threads.
@@ -205,10 +207,7 @@ impl ExpertStore {
                 c.n_routed_experts,
                 opts.policy,
             ));
-            (
-                Backend::Slots(SlotStore::start(sh, mode, opts.io_threads, opts.prefault)?),
-                n,
-            )
+            (Backend::Slots(SlotStore::start(sh, mode, opts)?), n)
         };
         Ok(ExpertStore {
             backend,
@@ -497,13 +496,9 @@ impl ExpertStore {
 
 impl SlotStore {
     /// Starts the pre-fault and the I/O engine.
-    fn start(
-        sh: Arc<Shared>,
-        mode: IoMode,
-        io_threads: usize,
-        prefault: bool,
-    ) -> Result<SlotStore> {
-        if prefault {
+    fn start(sh: Arc<Shared>, mode: IoMode, opts: &StoreOptions) -> Result<SlotStore> {
+        let io_threads = opts.io_threads;
+        if opts.prefault {
             let weak = Arc::downgrade(&sh);
             region::spawn_prefault(sh.region.clone(), move || {
                 if let Some(sh) = weak.upgrade() {
@@ -521,7 +516,7 @@ impl SlotStore {
         };
         #[cfg(target_os = "linux")]
         if mode == IoMode::Direct {
-            if let Some(ring) = uring::try_ring() {
+            if let Some(ring) = opts.io_uring.then(uring::try_ring).flatten() {
                 st.sh.set_engine("io_uring");
                 let (sh, rx) = (sh.clone(), rx.clone());
                 let h = std::thread::Builder::new()

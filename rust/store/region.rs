@@ -214,12 +214,6 @@ impl Region {
     }
 }
 
-/// Whether the background pre-fault is wanted (`V4FLASH_PREFAULT=0` turns it off: slots are
-/// then faulted by the first read into them).
-pub fn prefault_enabled() -> bool {
-    !std::env::var("V4FLASH_PREFAULT").is_ok_and(|v| v == "0")
-}
-
 /// Starts the background pre-fault of all slots (in order, skipping slots the store has
 /// claimed already). `on_slot` runs after each slot it finishes and once more when it ends
 /// (the store wakes callers waiting for a slot). The thread holds the region until it is

@@ -39,6 +39,7 @@ fn open(name: &str, io: IoMode, slots: usize, prefault: bool) -> (ExpertStore, A
         policy: Policy::default(),
         io_threads: 2,
         prefault,
+        io_uring: true,
     };
     (ExpertStore::open(ck.clone(), &cfg, &opts).unwrap(), ck)
 }
@@ -450,6 +451,7 @@ fn checkpoints_at_non_ascii_and_over_260_character_paths_load() {
                 policy: Policy::default(),
                 io_threads: 2,
                 prefault: false,
+                io_uring: true,
             };
             let st = ExpertStore::open(ck.clone(), &cfg, &opts).unwrap();
             // Windows opens unbuffered handles on any local file system (Linux's O_DIRECT

@@ -32,9 +32,6 @@ const CANCEL_TAG: u64 = u64::MAX;
 
 /// Tries to create a ring; None where the kernel or a sandbox refuses io_uring.
 pub fn try_ring() -> Option<IoUring> {
-    if std::env::var("V4FLASH_IO_URING").is_ok_and(|v| v == "0") {
-        return None;
-    }
     IoUring::new((QUEUE_DEPTH * 2) as u32).ok()
 }
 

@@ -15,6 +15,7 @@ pub(crate) use bf16::matmul as matmul_bf16;
 pub(crate) use bf16::Bf16;
 pub(crate) use dot16::{dot16_avx2, dot16_avx512};
 
+use crate::tuning::Tuning;
 use std::arch::x86_64::__cpuid;
 
 /// The CPU's vendor string (CPUID leaf 0: EBX, EDX, ECX), read once per process: the
@@ -56,7 +57,7 @@ pub(crate) fn cpu_family() -> u32 {
 /// Whether the one-token and fused FP8 loops take the weights as their bits
 /// (`Simd::fp8_bits`: e4m3 * 2^-120, so e4m3 subnormals become f32 denormals) rather than
 /// through f16 (`Simd::fp8`, no denormals); either route gives the same products, hence the
-/// same bits. A fixed rule on the CPU, decided once; `V4FLASH_FP8_BITS=on` / `off`
+/// same bits. A fixed rule on the CPU, decided once; `Tuning::fp8_bits` (`V4FLASH_FP8_BITS`)
 /// overrides it (to measure, and to test both routes on one machine). Measured
 /// (benches/README.md):
 /// - AMD (Zen 3, Zen 4) multiplies denormals at full speed, and the bits route is the
@@ -69,12 +70,12 @@ pub(crate) fn cpu_family() -> u32 {
 /// never slow.
 pub(crate) fn fp8_bits() -> bool {
     static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *B.get_or_init(|| super::env_switch("V4FLASH_FP8_BITS").unwrap_or_else(amd))
+    *B.get_or_init(|| Tuning::process().fp8_bits.unwrap_or_else(amd))
 }
 
 /// Whether the prefill micro-kernel (`generic::gemm`) prefetches the next token tile's x
 /// into L1 while it computes the current one (`Simd::gemm_x_ahead`). A fixed rule on the
-/// CPU, decided once; `V4FLASH_GEMM_X_AHEAD=on` / `off` overrides it. A prefetch never
+/// CPU, decided once; `Tuning::gemm_x_ahead` (`V4FLASH_GEMM_X_AHEAD`) overrides it. A prefetch never
 /// changes a result. Measured (benches/README.md): on an Emerald Rapids Xeon (2 MiB L2, a
 /// mesh L3) the x of a 128-token block of 4,096 or 8,192 columns comes from L3, and the tile
 /// waits on it. Whole 2,048-token prefills there, off -> on in alternating pairs: AVX-512
@@ -84,7 +85,7 @@ pub(crate) fn fp8_bits() -> bool {
 /// pairs each within the noise; so AMD keeps the loop without it.
 pub(crate) fn gemm_x_ahead() -> bool {
     static B: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *B.get_or_init(|| super::env_switch("V4FLASH_GEMM_X_AHEAD").unwrap_or_else(|| !amd()))
+    *B.get_or_init(|| Tuning::process().gemm_x_ahead.unwrap_or_else(|| !amd()))
 }
 
 /// Brings the line at `p` into L1 (`prefetcht0`).
