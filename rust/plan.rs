@@ -33,8 +33,10 @@ pub struct Plan {
     pub budget: Option<u64>,
     /// Memory considered available when no budget was given.
     pub available: Option<u64>,
-    /// Resident weights: everything but the routed experts (and the ignored MTP block).
+    /// Resident weights: everything but the routed experts and the drafter.
     pub dense_bytes: u64,
+    /// The drafter's tensors in the checkpoint (`mtp.*`): never loaded, not in the total.
+    pub drafter_bytes: u64,
     /// Of which the embedding and the output head.
     pub embed_head_bytes: u64,
     /// One session's state at the full context, plus one snapshot of its windows.
@@ -186,11 +188,16 @@ pub fn plan(
 ) -> Result<Plan> {
     let mut dense = 0u64;
     let mut eh = 0u64;
+    let mut drafter = 0u64;
     for name in ck.names() {
-        if is_routed_expert(name) || is_drafter(name) {
+        let Some(t) = ck.get(name) else { continue };
+        if is_drafter(name) {
+            drafter = drafter.saturating_add(t.len);
             continue;
         }
-        let Some(t) = ck.get(name) else { continue };
+        if is_routed_expert(name) {
+            continue;
+        }
         dense = dense.checked_add(t.len).ok_or_else(|| {
             Error::Memory("the checkpoint's dense weights add up to more than 2^64 bytes".into())
         })?;
@@ -314,6 +321,7 @@ pub fn plan(
         budget,
         available,
         dense_bytes: dense,
+        drafter_bytes: drafter,
         embed_head_bytes: eh,
         state_bytes: state,
         scratch_bytes: scratch,

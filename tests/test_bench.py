@@ -340,7 +340,10 @@ def test_synthetic_0731_checkpoint_has_the_drafter_the_plan_leaves_out(ms, tiny_
         assert all(n.startswith(f"mtp.{stage}.") for n, f in wm.items() if f in files)
     # the same model as the first release's: the same plan, no drafter byte in it
     first, _ = tiny_synth
-    assert v4flash.plan(out, ram_gb=2) == v4flash.plan(first, ram_gb=2)
+    plan, plan_first = v4flash.plan(out, ram_gb=2), v4flash.plan(first, ram_gb=2)
+    assert plan.pop("drafter_bytes") == ins.sizes["drafter"]
+    assert plan_first.pop("drafter_bytes") == 0
+    assert plan == plan_first
     assert info["bytes"] == sum(ins.sizes.values())
 
 

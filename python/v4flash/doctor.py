@@ -129,11 +129,13 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exa
         ram = gb(budget)
     else:
         ram = f"none (available {gb(avail)})" if avail else "none"
+    drafter = plan.get("drafter_bytes")
     return (
         f"plan: RAM budget {ram} · resident "
         f"{gb(plan['dense_bytes'])} · expert cache {gb(plan['cache_bytes'])} "
-        f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · kernels "
-        f"{kernel_tier()} · {numerics} numerics{_products(numerics)} · {n_threads}"
+        f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · "
+        + (f"drafter {gb(drafter)} not loaded · " if drafter else "")
+        + f"kernels {kernel_tier()} · {numerics} numerics{_products(numerics)} · {n_threads}"
     )
 
 

@@ -222,6 +222,7 @@ fn plan_dict<'py>(py: Python<'py>, p: &Plan) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("budget_bytes", p.budget)?;
     d.set_item("available_bytes", p.available)?;
     d.set_item("dense_bytes", p.dense_bytes)?;
+    d.set_item("drafter_bytes", p.drafter_bytes)?;
     d.set_item("embed_head_bytes", p.embed_head_bytes)?;
     d.set_item("state_bytes", p.state_bytes)?;
     d.set_item("scratch_bytes", p.scratch_bytes)?;
