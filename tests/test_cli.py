@@ -190,6 +190,17 @@ def test_run_errors_are_one_line(capsys):
     assert_clean_error(main_(capsys, "run", "--model", FIXTURES / "nope", "Hi"), "nope")
     p = cli("run", "--temperature", "-1", "Hi")
     assert p.returncode == 2 and "temperature" in p.stderr and "Traceback" not in p.stderr
+    # argparse errors with the core's message for the sampling knobs (model.sample_params)
+    for flag, value, message in [
+        ("--top-p", "2", "argument --top-p: top_p must be in (0, 1], got 2"),
+        ("--top-k", "-1", "argument --top-k: top_k must be >= 0, got -1"),
+        ("--seed", "-1", "argument --seed: seed must be >= 0, got -1"),
+        ("--top-p", "x", "argument --top-p: expected a number, got 'x'"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            cli_main(["run", flag, value, "Hi"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err, err
 
 
 def test_run_combines_piped_stdin_with_the_prompt():

@@ -488,6 +488,23 @@ def test_bad_chat_requests(http, body, status, fragment):
     assert fragment in err["message"] and err["type"] == "invalid_request_error"
 
 
+def test_sampling_errors_name_their_param(http):
+    # the engine's rule checks them (model.sample_params); the dialect adds OpenAI's range for
+    # temperature and takes any integer seed
+    for key, value, message in [
+        ("temperature", 7, "'temperature' must be between 0 and 2, got 7"),
+        ("temperature", -1, "'temperature' must be between 0 and 2, got -1"),
+        ("top_p", 0, "'top_p' must be in (0, 1], got 0"),
+        ("top_p", 1.5, "'top_p' must be in (0, 1], got 1.5"),
+        ("top_k", -1, "'top_k' must be >= 0, got -1"),
+    ]:
+        r = http.post("/v1/chat/completions", json={"messages": HELLO, key: value})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == message and r.json()["error"]["param"] == key
+    body = {"messages": HELLO, "seed": -5, "max_tokens": 2, "temperature": 1.0}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+
+
 def test_bad_requests_at_the_http_level(server, http):
     for path, content, fragment in [
         ("/v1/chat/completions", b"{bad json", "not valid JSON"),

@@ -23,7 +23,6 @@ alike, must match the session's exactly, or the session is not reused.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .encoding import END_THINK, ROLES, encode_prompt_ids
+from .model import sample_params
 from .textapi import StopMatcher
 
 PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
@@ -695,17 +695,6 @@ class MessageReader:
         return Message("\n".join(lines).strip("\n"), True)
 
 
-def _parse_float(v: str, lo: float, hi: float = math.inf, lo_open: bool = False) -> float:
-    try:
-        x = float(v)
-    except ValueError:
-        raise ValueError(f"expected a number, got {v!r}") from None
-    if not math.isfinite(x) or not (lo < x if lo_open else lo <= x) or x > hi:
-        want = f">= {lo:g}" if hi == math.inf else f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        raise ValueError(f"expected a number {want}, got {v!r}")
-    return x
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
@@ -720,18 +709,30 @@ def _parse_int(v: str, lo: int) -> int:
     return x
 
 
-def _parse_seed(v: str) -> Optional[int]:
-    if v.lower() in ("random", "none", "off"):
-        return None
-    return _parse_int(v, 0)
+def _sampling(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A /set parser for a sampling parameter: converted here, checked by the core's one rule
+    (``model.sample_params``), whose message names the parameter."""
+    what = "a number" if convert is float else "an integer"
+
+    def parse(v: str) -> Any:
+        if name == "seed" and v.lower() in ("random", "none", "off"):
+            return None
+        try:
+            x = convert(v)
+        except ValueError:
+            raise ValueError(f"expected {what}, got {v!r}") from None
+        sample_params(**{name: x})
+        return x
+
+    return parse
 
 
 # /set KEY VALUE: the sampling knobs (names as the options and the OpenAI API spell them)
 SETTINGS: Dict[str, Callable[[str], Any]] = {
-    "temperature": lambda v: _parse_float(v, 0.0),
-    "top_p": lambda v: _parse_float(v, 0.0, 1.0, lo_open=True),
-    "top_k": lambda v: _parse_int(v, 0),
-    "seed": _parse_seed,
+    "temperature": _sampling("temperature", float),
+    "top_p": _sampling("top_p", float),
+    "top_k": _sampling("top_k", int),
+    "seed": _sampling("seed", int),
     "max_tokens": lambda v: _parse_int(v, 1),
 }
 SETTING_ALIASES = {

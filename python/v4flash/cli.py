@@ -31,6 +31,7 @@ from .doctor import (  # noqa: E402,F401  (re-exported for tests and tools)
     thread_warning,
 )
 from .hub import REPO_ID, HubError
+from .model import sample_params
 from .units import gb, plural
 
 # --------------------------------------------------------------------------------------------
@@ -38,57 +39,49 @@ from .units import gb, plural
 # --------------------------------------------------------------------------------------------
 
 
-def _positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
+def _checked(convert, what: str, ok=None, want: str = ""):
+    """An argparse type: ``convert`` the string (else "expected WHAT"), then, with ``ok``,
+    ``ok(value)`` (else "expected WANT")."""
+
+    def parse(s: str):
+        try:
+            v = convert(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if ok is not None and not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}")
+        return v
+
+    return parse
 
 
-def _nonneg_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
-    return v
+_positive_float = _checked(
+    float, "a number", lambda v: math.isfinite(v) and v > 0, "a positive number"
+)
+_positive_int = _checked(int, "an integer", lambda v: v >= 1, "an integer >= 1")
+_nonneg_int = _checked(int, "an integer", lambda v: v >= 0, "an integer >= 0")
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}")
-    return v
+def _sampling(name: str, convert):
+    """An argparse type for a sampling parameter: converted here, checked by the core's one
+    rule (``model.sample_params``), whose message names the parameter."""
+    number = _checked(convert, "a number" if convert is float else "an integer")
 
+    def parse(s: str):
+        v = number(s)
+        try:
+            sample_params(**{name: v})
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return v
 
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
-    return v
+    return parse
 
 
 def _stop_string(s: str) -> str:
     if not s:
         raise argparse.ArgumentTypeError("a stop string cannot be empty")
     return s
-
-
-def _top_p(s: str) -> float:
-    v = _positive_float(s)
-    if v > 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {s!r}")
-    return v
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
@@ -160,14 +153,20 @@ def _generation_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     )
     g.add_argument(
         "--temperature",
-        type=_nonneg_float,
+        type=_sampling("temperature", float),
         default=1.0,
         metavar="T",
         help="sampling temperature; 0 = greedy (default 1.0, the model card's)",
     )
-    g.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="nucleus (1.0)")
-    g.add_argument("--top-k", type=_nonneg_int, default=0, metavar="K", help="0 = off (0)")
-    g.add_argument("--seed", type=_nonneg_int, metavar="N", help="sampling seed (random)")
+    g.add_argument(
+        "--top-p", type=_sampling("top_p", float), default=1.0, metavar="P", help="nucleus (1.0)"
+    )
+    g.add_argument(
+        "--top-k", type=_sampling("top_k", int), default=0, metavar="K", help="0 = off (0)"
+    )
+    g.add_argument(
+        "--seed", type=_sampling("seed", int), metavar="N", help="sampling seed (random)"
+    )
     g.add_argument("--thinking", action="store_true", help="thinking mode (reasoning first)")
     g.add_argument("--reasoning-effort", choices=("low", "high", "max"), help="thinking mode only")
     g.add_argument("--system", metavar="TEXT", help="system prompt")

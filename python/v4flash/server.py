@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from . import __version__
+from .model import sample_params
 from .textapi import (
     ContextLengthError,
     Job,
@@ -46,6 +47,9 @@ MAX_BODY = 32 << 20  # bytes of JSON per request
 MAX_STOP = 16  # stop strings per request
 KEEPALIVE_S = 15.0  # SSE comment while a streamed request waits in the queue
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# OpenAI documents temperature "between 0 and 2": the dialect's own limit (the engine takes any
+# temperature >= 0, as its own rule says)
+TEMPERATURE_RANGE = (0, 2)
 EFFORTS = {  # OpenAI's reasoning_effort words -> the DeepSeek V4 encoder's
     "minimal": "low",
     "low": "low",
@@ -265,23 +269,19 @@ def _sampling_args(body: Dict[str, Any], engine: Engine, default_max: int) -> Di
             max_tokens = v if max_tokens is None else max_tokens
     out["max_new_tokens"] = max_tokens if max_tokens is not None else default_max
     t = _opt(body, "temperature", (int, float), "a number between 0 and 2")
-    if t is not None:
-        if not 0 <= t <= 2:
-            raise ApiError(400, f"'temperature' must be between 0 and 2, got {t}", "temperature")
-        out["temperature"] = float(t)
+    if t is not None and not TEMPERATURE_RANGE[0] <= t <= TEMPERATURE_RANGE[1]:
+        raise ApiError(400, f"'temperature' must be between 0 and 2, got {t}", "temperature")
     p = _opt(body, "top_p", (int, float), "a number in (0, 1]")
-    if p is not None:
-        if not 0 < p <= 1:
-            raise ApiError(400, f"'top_p' must be in (0, 1], got {p}", param="top_p")
-        out["top_p"] = float(p)
     k = _opt(body, "top_k", (int,), "an integer >= 0")
-    if k is not None:
-        if k < 0:
-            raise ApiError(400, f"'top_k' must be >= 0, got {k}", param="top_k")
-        out["top_k"] = k
     seed = _opt(body, "seed", (int,), "an integer")
     if seed is not None:
-        out["seed"] = seed % (1 << 64)
+        seed %= 1 << 64  # OpenAI takes any integer; the engine's seeds are 64-bit
+    try:  # the engine's rule (its message names the parameter first)
+        s = sample_params(t, p, k, seed)
+    except ValueError as e:
+        name, _, rest = str(e).partition(" ")
+        raise ApiError(400, f"'{name}' {rest}", param=name) from None
+    out.update(s._asdict())
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop

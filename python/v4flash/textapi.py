@@ -22,8 +22,6 @@ Pieces:
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 import time
 import uuid
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .encoding import DSML, END_THINK, encode_prompt_ids, parse_completion
+from .model import sample_params
 
 
 class _PrefillCancelled(Exception):
@@ -485,12 +484,6 @@ def use_tokenizer(model: Any, tokenizer: Any) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _number(v: Any, name: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite number, got {v!r}")
-    return float(v)
-
-
 def _integer(v: Any, name: str, minimum: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"{name} must be an integer, got {v!r}")
@@ -521,18 +514,8 @@ class Job:
 
 
 def _sampling(job_kw: Dict[str, Any], temperature, top_p, top_k, seed, max_new_tokens) -> None:
-    t = _number(temperature, "temperature")
-    if t < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    p = _number(top_p, "top_p")
-    if not 0 < p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    job_kw["temperature"] = t
-    job_kw["top_p"] = p
-    job_kw["top_k"] = _integer(top_k, "top_k", 0)
-    if seed is None:
-        seed = int.from_bytes(os.urandom(8), "little")
-    job_kw["seed"] = _integer(seed, "seed", 0) % (1 << 64)
+    """The sampling parameters, checked (and a seed drawn when None) by the core's one rule."""
+    job_kw.update(sample_params(temperature, top_p, top_k, seed)._asdict())
     job_kw["max_new_tokens"] = _integer(max_new_tokens, "max_new_tokens", 1)
 
 
