@@ -505,6 +505,23 @@ def test_sampling_errors_name_their_param(http):
     assert http.post("/v1/chat/completions", json=body).status_code == 200
 
 
+def test_a_token_id_out_of_the_vocabulary_is_a_400(http, m):
+    # the engine's own check (the prefill refuses the id) answers, about 'prompt'
+    v = m.config.vocab_size
+    r = http.post("/v1/completions", json={"prompt": [0, v], "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert f"token id {v} is out of the vocabulary" in err["message"]
+    assert err["param"] == "prompt" and err["type"] == "invalid_request_error"
+    body = {"prompt": [0, v], "max_tokens": 2, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        lines = [x for x in r.iter_lines() if x]
+    assert "out of the vocabulary" in json.loads(lines[0][6:])["error"]["message"]
+    assert lines[-1] == "data: [DONE]"
+    ok = http.post("/v1/completions", json={"prompt": [0, v - 1], "max_tokens": 2})
+    assert ok.status_code == 200  # the server goes on
+
+
 def test_bad_requests_at_the_http_level(server, http):
     for path, content, fragment in [
         ("/v1/chat/completions", b"{bad json", "not valid JSON"),

@@ -183,6 +183,9 @@ def test_complete_is_raw_text(m):
     assert r.usage.prompt_tokens == len(ids)
     r2 = m.complete(ids, max_new_tokens=5, temperature=0, cache=False)
     assert r2.ids == r.ids
+    v = m.config.vocab_size
+    with pytest.raises(ValueError, match=f"token id {v} is out of the vocabulary"):
+        m.complete([0, v], max_new_tokens=2, cache=False)  # the engine's check
 
 
 def test_bad_arguments_raise_value_error_before_any_work(m):

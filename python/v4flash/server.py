@@ -32,7 +32,6 @@ from . import __version__
 from .model import sample_params
 from .textapi import (
     ContextLengthError,
-    Job,
     PromptCache,
     Usage,
     collect_chat,
@@ -660,9 +659,10 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- the engine turn -----------------------------------------------------------------
 
-    def _turn(self, job: Job, stream: bool, body) -> Any:
+    def _turn(self, param: str, stream: bool, body) -> Any:
         """Waits for the engine (False when the client left or the server stops), runs
-        ``body(cancel)`` holding it."""
+        ``body(cancel)`` holding it. The engine's refusal of the input (``ValueError``, e.g. a
+        token id out of the vocabulary) is a 400 about ``param``."""
         e = self.engine
         q0 = time.perf_counter()
         tick = None
@@ -676,6 +676,8 @@ class Handler(BaseHTTPRequestHandler):
             raise _Gone()
         try:
             return body(lambda: e.stopping.is_set() or self._gone())
+        except ValueError as err:
+            raise ApiError(400, str(err), param=param) from None
         finally:
             e.lock.release()
 
@@ -696,11 +698,11 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(b"data: [DONE]\n\n")
         self._write(b"0\r\n\r\n")
 
-    def _streamed(self, job: Job, run) -> Tuple[Optional[Dict[str, Any]], int]:
+    def _streamed(self, param: str, run) -> Tuple[Optional[Dict[str, Any]], int]:
         """Runs a streamed request (the headers are out, so errors become an error event
         that ends the stream): ``(end, 200)`` or ``(None, status)``."""
         try:
-            end = self._turn(job, True, run)
+            end = self._turn(param, True, run)
             self._finished(end, True)
             return end, 200
         except _Gone:
@@ -756,7 +758,7 @@ class Handler(BaseHTTPRequestHandler):
         head = {"id": rid, "created": int(time.time()), "model": e.name}
         head["system_fingerprint"] = f"v4flash-{__version__}"
         if not stream:
-            r = self._turn(job, False, lambda cancel: collect_chat(job, cancel))
+            r = self._turn("messages", False, lambda cancel: collect_chat(job, cancel))
             self._finished(
                 {"usage": r.usage, "timings": r.timings, "finish_reason": r.finish_reason}, False
             )
@@ -810,7 +812,7 @@ class Handler(BaseHTTPRequestHandler):
                         end = value
             return end
 
-        end, status = self._streamed(job, run)
+        end, status = self._streamed("messages", run)
         if end is None:
             return status
         chunk({}, end["finish_reason"])
@@ -862,7 +864,7 @@ class Handler(BaseHTTPRequestHandler):
             return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
         if not stream:
-            r = self._turn(job, False, lambda cancel: collect_completion(job, cancel))
+            r = self._turn("prompt", False, lambda cancel: collect_completion(job, cancel))
             self._finished(
                 {"usage": r.usage, "timings": r.timings, "finish_reason": r.finish_reason}, False
             )
@@ -886,7 +888,7 @@ class Handler(BaseHTTPRequestHandler):
                         end = value
             return end
 
-        end, status = self._streamed(job, run)
+        end, status = self._streamed("prompt", run)
         if end is None:
             return status
         self._event(dict(head, choices=[choice("", end["finish_reason"])]))

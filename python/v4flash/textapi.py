@@ -526,10 +526,6 @@ def _check_context(model: Any, prompt: List[int], extra: int = 0) -> None:
             f"the prompt has {len(prompt) + extra} tokens but the context holds {ctx} "
             f"(prompt and answer together); shorten the conversation or raise --ctx"
         )
-    vocab = model.config.vocab_size
-    bad = next((i for i in prompt if i >= vocab), None)
-    if bad is not None:
-        raise ValueError(f"token id {bad} is out of the model's vocabulary (0..{vocab - 1})")
 
 
 def _encoder_path(model: Any) -> Optional[Path]:
