@@ -14,8 +14,7 @@ from conftest import FIXTURES, main_, model_for
 from v4flash.chat import Conversation, Sampling
 from v4flash.cli import expected_tensors, inspect_checkpoint
 from v4flash.cli import main as cli_main
-from v4flash.encoding import encode_prompt_ids
-from v4flash.tokenizer import load_tokenizer
+from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 
 GREEDY = ["--temperature", "0"]
 

@@ -10,12 +10,11 @@ import pytest
 
 from v4flash.encoding import (
     encode_messages,
-    encode_prompt_ids,
     load_encoder_constants,
     parse_completion,
     reasoning_effort_texts,
 )
-from v4flash.tokenizer import load_tokenizer
+from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"

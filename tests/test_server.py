@@ -22,9 +22,9 @@ openai = pytest.importorskip("openai")
 
 import v4flash  # noqa: E402
 from conftest import FIXTURES, model_for  # noqa: E402
-from v4flash.encoding import encode_messages, encode_prompt_ids  # noqa: E402
+from v4flash.encoding import encode_messages  # noqa: E402
 from v4flash.server import FifoLock, make_server, stop  # noqa: E402
-from v4flash.tokenizer import load_tokenizer  # noqa: E402
+from v4flash.tokenizer import encode_prompt_ids, load_tokenizer  # noqa: E402
 
 TIMEOUT = 30
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -11,14 +11,14 @@ import pytest
 
 import v4flash
 from conftest import FIXTURES, model_for
-from v4flash.encoding import encode_messages, encode_prompt_ids, parse_completion
+from v4flash.encoding import encode_messages, parse_completion
 from v4flash.textapi import (
     ContextLengthError,
     PromptCache,
     StopMatcher,
     _Splitter,
 )
-from v4flash.tokenizer import V4Tokenizer
+from v4flash.tokenizer import V4Tokenizer, encode_prompt_ids
 
 D = "｜DSML｜"
 EOS = "<｜end▁of▁sentence｜>"

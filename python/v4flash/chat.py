@@ -30,9 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .encoding import END_THINK, ROLES, encode_prompt_ids
+from .encoding import END_THINK, ROLES
 from .model import sample_params
 from .textapi import StopMatcher
+from .tokenizer import encode_prompt_ids
 
 PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
 SNAPSHOTS_KEPT = 4

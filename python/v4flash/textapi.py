@@ -30,8 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from .encoding import DSML, END_THINK, encode_prompt_ids, parse_completion
+from .encoding import (
+    END_THINK,
+    TOOL_CALLS_END,
+    TOOL_CALLS_START,
+    parse_completion,
+    tool_call_opening,
+)
 from .model import sample_params
+from .tokenizer import encode_prompt_ids
 
 
 class _PrefillCancelled(Exception):
@@ -41,8 +48,6 @@ class _PrefillCancelled(Exception):
 DEFAULT_SESSIONS = 4  # idle sessions a prompt cache keeps
 SNAPSHOTS_PER_SESSION = 4
 
-TOOL_CALLS_START = f"\n\n<{DSML}tool_calls"  # as parse_completion finds a block
-TOOL_CALLS_END = f"</{DSML}tool_calls>"
 
 Cancel = Callable[[], bool]
 
@@ -575,7 +580,7 @@ def prepare_chat(
         if not names:
             raise ValueError("tool_choice asks for a tool call but no tools are given")
         if tool_choice == "required":
-            forced_text = f'{TOOL_CALLS_START}>\n<{DSML}invoke name="'
+            forced_text = tool_call_opening()
         elif (
             isinstance(tool_choice, dict)
             and tool_choice.get("type") == "function"
@@ -585,7 +590,7 @@ def prepare_chat(
             name = tool_choice["function"]["name"]
             if name not in names:
                 raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
-            forced_text = f'{TOOL_CALLS_START}>\n<{DSML}invoke name="{name}">\n'
+            forced_text = tool_call_opening(name)
         else:
             raise ValueError(
                 "tool_choice must be 'none', 'auto', 'required' or "
