@@ -32,11 +32,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .encoding import END_THINK, ROLES
 from .model import sample_params
+from .resume import History, turn_boundary
 from .textapi import StopMatcher
 from .tokenizer import encode_prompt_ids
 
 PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
-SNAPSHOTS_KEPT = 4
 CHAT_SESSION_VERSION = 1  # of the conversation kept in a session file's metadata
 
 TextCallback = Callable[[str, str], None]  # (kind: "reasoning" | "content", text)
@@ -130,10 +130,10 @@ class Conversation:
         self.release = release
         enc = Path(getattr(model, "path", ".")) / "encoding" / "encoding_dsv4.py"
         self.encoder_path = enc if enc.is_file() else None
-        self.session = model.session()
+        # the session, with snapshots at each turn's <｜Assistant｜> (resume.History)
+        self._history = History(model.session())
         self.messages: List[Dict[str, Any]] = []
         self._answers: List[Optional[List[int]]] = []  # per assistant message: content ids
-        self._snaps: List[Tuple[List[int], Any]] = []  # (tokens, snapshot) at <｜Assistant｜>
         self.turns: List[Dict[str, Any]] = []
         self.reuse_counts = {"new": 0, "append": 0, "rollback": 0, "reset": 0}
         # validate the settings now rather than at the first turn
@@ -143,10 +143,9 @@ class Conversation:
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt and mode stay)."""
-        self.session.reset()
+        self._history.reset()
         self.messages.clear()
         self._answers.clear()
-        self._snaps.clear()
 
     def export(self) -> List[Dict[str, Any]]:
         """The conversation as OpenAI-style messages (the system prompt first, if any)."""
@@ -195,13 +194,8 @@ class Conversation:
         mode), else the latest snapshot the next prompt extends (thinking mode: the one after
         the last ``<｜Assistant｜>``). Returns the file's size in bytes."""
         probe = self._canonical(self.encode(self.messages + [{"role": "user", "content": "x"}]))
-        kept = self.session.tokens
-        snap = None
-        if not (len(kept) < len(probe) and probe[: len(kept)] == kept):
-            for toks, sn in reversed(self._snaps):
-                if len(toks) < len(probe) and probe[: len(toks)] == toks:
-                    snap = sn
-                    break
+        self._history.sync()
+        _, snap = self._history.match(probe)
         doc = {
             "version": CHAT_SESSION_VERSION,
             "messages": self.messages,
@@ -265,14 +259,14 @@ class Conversation:
         except ValueError as e:
             self.system, self.thinking, self.reasoning_effort = old
             raise ValueError(f"{path}: the saved conversation cannot be encoded: {e}") from None
-        self.session = session
+        self._history = History(session)
+        self._history.sync()
         self.messages = [dict(m) for m in msgs]
         self._answers = list(answers)
-        self._snaps = []
-        toks = session.tokens
+        toks = self._history.tokens
         if toks and toks[-1] == self.tok.assistant_id and session.last_logits() is not None:
             # saved at the snapshot after <｜Assistant｜>: keep it one (for /regen)
-            self._snaps.append((toks, session.snapshot()))
+            self._history.add_snapshot(len(toks), session.snapshot())
         return len(self.messages)
 
     def set_system(self, text: Optional[str]) -> None:
@@ -323,23 +317,15 @@ class Conversation:
             i += 1
         return out
 
+    @property
+    def session(self) -> Any:
+        """The session that holds the conversation's state."""
+        return self._history.session
+
     def _reconcile(self, prompt: List[int]) -> Tuple[int, str]:
         """Brings the session to the longest valid prefix of ``prompt``: (kept, how)."""
-        kept = self.session.tokens
-        if not kept:
-            self._snaps.clear()
-            return 0, "new"
-        if len(kept) < len(prompt) and prompt[: len(kept)] == kept:
-            return len(kept), "append"
-        for i in range(len(self._snaps) - 1, -1, -1):
-            toks, snap = self._snaps[i]
-            if len(toks) < len(prompt) and prompt[: len(toks)] == toks:
-                self.session.rollback(snap)
-                del self._snaps[i + 1 :]  # later snapshots are no longer in the history
-                return len(toks), "rollback"
-        self.session.reset()
-        self._snaps.clear()
-        return 0, "reset"
+        self._history.sync()
+        return self._history.resume(prompt)
 
     def _feed(self, ids: List[int], progress: Optional[ProgressCallback]) -> None:
         if not ids:
@@ -404,8 +390,7 @@ class Conversation:
         on_progress: Optional[ProgressCallback] = None,
     ) -> TurnResult:
         """Continues raw token ids (no template, no conversation bookkeeping)."""
-        self.session.reset()
-        self._snaps.clear()
+        self._history.reset()
         return self._run(list(prompt_ids), sampling, on_text, on_progress, None)
 
     def _run(self, prompt, sampling, on_text, on_progress, messages) -> TurnResult:
@@ -417,23 +402,18 @@ class Conversation:
             self.reuse_counts[how] += 1
         # split: feed through the last <｜Assistant｜> (snapshot there), then generate
         # starting with the rest (<think> or </think>)
-        cut = len(prompt) - 1
-        if messages is not None:
-            while cut > kept and prompt[cut - 1] != tok.assistant_id:
-                cut -= 1
-        cut = max(cut, kept)
+        cut = turn_boundary(prompt, kept, tok.assistant_id)
         start = self.session.snapshot() if kept else None
         try:
             self._feed(prompt[kept:cut], on_progress)
             if messages is not None and cut > 0 and prompt[cut - 1] == tok.assistant_id:
-                self._snaps.append((prompt[:cut], self.session.snapshot()))
-                del self._snaps[:-SNAPSHOTS_KEPT]
+                self._history.add_snapshot(cut, self.session.snapshot())
         except BaseException as e:  # Ctrl-C or an error (context full): undo the turn
             if start is not None:
                 self.session.rollback(start)
             else:
                 self.session.reset()
-            self._snaps = [x for x in self._snaps if len(x[0]) <= kept]
+            self._history.sync()  # snapshots past the undone turn go
             if isinstance(e, KeyboardInterrupt):
                 return TurnResult(prompt, [], "", "", "", "cancelled", {"stop": "cancelled"})
             raise

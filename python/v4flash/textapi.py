@@ -38,6 +38,7 @@ from .encoding import (
     tool_call_opening,
 )
 from .model import sample_params
+from .resume import History, turn_boundary
 from .tokenizer import encode_prompt_ids
 
 
@@ -46,7 +47,6 @@ class _PrefillCancelled(Exception):
 
 
 DEFAULT_SESSIONS = 4  # idle sessions a prompt cache keeps
-SNAPSHOTS_PER_SESSION = 4
 
 
 Cancel = Callable[[], bool]
@@ -307,37 +307,10 @@ class _Splitter:
 # --------------------------------------------------------------------------------------------
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-class _Entry:
-    """A session, its token history and snapshots (position, snapshot) inside that history."""
-
-    def __init__(self, session: Any):
-        self.session = session
-        self.tokens: List[int] = []
-        self.snaps: List[Tuple[int, Any]] = []
-
-    def add_snapshot(self, pos: int, snap: Any) -> None:
-        self.snaps = [s for s in self.snaps if s[0] != pos] + [(pos, snap)]
-        del self.snaps[:-SNAPSHOTS_PER_SESSION]
-
-
 class Lease:
     """A session checked out of a :class:`PromptCache` for one request."""
 
-    def __init__(self, entry: _Entry, cached: int, how: str):
+    def __init__(self, entry: History, cached: int, how: str):
         self.entry = entry
         self.cached = cached  # tokens of the prompt already in the session
         self.how = how  # "new" | "append" | "rollback"
@@ -361,7 +334,7 @@ class PromptCache:
     def __init__(self, model: Any, max_sessions: int = DEFAULT_SESSIONS, max_tokens: int = 0):
         self.model = model
         self._lock = threading.Lock()
-        self._idle: OrderedDict[int, _Entry] = OrderedDict()
+        self._idle: OrderedDict[int, History] = OrderedDict()
         self.hits = 0
         self.misses = 0
         self.cached_tokens = 0
@@ -404,16 +377,9 @@ class PromptCache:
         best: Tuple[int, Optional[int], Any] = (0, None, None)  # (length, key, snap or None)
         with self._lock:
             for key, e in self._idle.items():  # oldest first: ties go to the most recent
-                common = _common_prefix(e.tokens, prompt)
-                if common == len(e.tokens) and common < len(prompt):
-                    cand: Tuple[int, Optional[int], Any] = (common, key, None)
-                else:
-                    cand = (0, key, None)
-                    for pos, snap in e.snaps:
-                        if pos <= common and pos < len(prompt) and pos > cand[0]:
-                            cand = (pos, key, snap)
-                if cand[0] > 0 and cand[0] >= best[0]:
-                    best = cand
+                length, snap = e.match(prompt)
+                if length > 0 and length >= best[0]:
+                    best = (length, key, snap)
             length, key, snap = best
             entry = self._idle.pop(key) if key is not None else None
             if entry is None:
@@ -422,26 +388,20 @@ class PromptCache:
                 self.hits += 1
                 self.cached_tokens += length
         if entry is None:
-            return Lease(_Entry(self.model.session()), 0, "new")
-        if snap is None:
-            return Lease(entry, length, "append")
+            return Lease(History(self.model.session()), 0, "new")
         try:
-            entry.session.rollback(snap)
+            how = entry.take(length, snap)
         except (ValueError, RuntimeError):  # cannot happen by construction; stay correct
-            entry = _Entry(self.model.session())
-            return Lease(entry, 0, "new")
-        entry.tokens = entry.tokens[:length]
-        entry.snaps = [s for s in entry.snaps if s[0] <= length]
-        return Lease(entry, length, "rollback")
+            return Lease(History(self.model.session()), 0, "new")
+        return Lease(entry, length, how)
 
     def checkin(self, lease: Lease, keep: bool = True) -> None:
         """Returns a session; its history is read from the session itself."""
         e = lease.entry
         try:
-            e.tokens = [int(t) for t in e.session.tokens]
+            e.sync()
         except RuntimeError:  # still busy (an interrupted call): do not keep it
             return
-        e.snaps = [s for s in e.snaps if s[0] <= len(e.tokens)]
         if not keep or self.max_sessions == 0 or not e.tokens:
             return
         with self._lock:
@@ -693,18 +653,11 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
     if cache is not None:
         lease = cache.checkout(prompt)
     else:
-        lease = Lease(_Entry(model.session()), 0, "new")
+        lease = Lease(History(model.session()), 0, "new")
     sess, cached = lease.session, lease.cached
     try:
-        # prefill through the last <｜Assistant｜> (a turn boundary: snapshot there, so a later
-        # conversation that shares this history resumes from it), else all but the last token
-        cut = len(prompt) - 1
-        j = cut - 1
-        while j >= cached and prompt[j] != tok.assistant_id:
-            j -= 1
-        if j >= cached:
-            cut = j + 1
-        cut = max(cut, cached)
+        # prefill through the last <｜Assistant｜> (snapshot there), else all but the last token
+        cut = turn_boundary(prompt, cached, tok.assistant_id)
 
         # the whole prefill in one call; the engine reports progress as it goes, and a
         # cancellation (client gone) is seen within ~20 ms, between layers
