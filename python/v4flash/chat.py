@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .encoding import END_THINK, ROLES
+from .encoding import END_THINK, ROLES, encoder_file
 from .model import sample_params
 from .resume import History, turn_boundary
-from .textapi import StopMatcher
+from .textapi.stream import StopMatcher
 from .tokenizer import encode_prompt_ids
 
 PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may be larger)
@@ -128,8 +128,7 @@ class Conversation:
         self.system = system or None
         self.reasoning_effort = reasoning_effort
         self.release = release
-        enc = Path(getattr(model, "path", ".")) / "encoding" / "encoding_dsv4.py"
-        self.encoder_path = enc if enc.is_file() else None
+        self.encoder_path = encoder_file(getattr(model, "path", "."))
         # the session, with snapshots at each turn's <｜Assistant｜> (resume.History)
         self._history = History(model.session())
         self.messages: List[Dict[str, Any]] = []

@@ -767,7 +767,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
     from .server import make_server
-    from .textapi import use_tokenizer
+    from .textapi.attached import use_tokenizer
 
     path, demo = resolve_model(args)
     model, tok = load_model(args, path)  # prints the plan line

@@ -176,6 +176,13 @@ def _load_constants_cached(path: str, mtime: float, size: int) -> Dict[str, Any]
     return env
 
 
+def encoder_file(checkpoint: Union[str, os.PathLike]) -> Optional[str]:
+    """The checkpoint's own encoder (``encoding/encoding_dsv4.py`` in its folder), or None
+    when it carries none."""
+    p = os.path.join(os.fspath(checkpoint), "encoding", "encoding_dsv4.py")
+    return p if os.path.isfile(p) else None
+
+
 def load_encoder_constants(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Module-level string constants (and dicts of strings) of a checkpoint's encoder.
 

@@ -30,17 +30,12 @@ from urllib.parse import urlsplit
 
 from . import __version__
 from .model import sample_params
-from .textapi import (
-    ContextLengthError,
-    PromptCache,
-    Usage,
-    collect_chat,
-    collect_completion,
-    prepare_chat,
-    prepare_completion,
-    run_job,
-    tokenizer_for,
-)
+from .textapi.api import collect_chat, collect_completion
+from .textapi.attached import tokenizer_for
+from .textapi.cache import PromptCache
+from .textapi.prompts import ContextLengthError, prepare_chat, prepare_completion
+from .textapi.results import Usage
+from .textapi.run import run_job
 
 MAX_BODY = 32 << 20  # bytes of JSON per request
 MAX_STOP = 16  # stop strings per request
