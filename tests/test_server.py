@@ -23,7 +23,8 @@ openai = pytest.importorskip("openai")
 import v4flash  # noqa: E402
 from conftest import FIXTURES, model_for  # noqa: E402
 from v4flash.encoding import encode_messages  # noqa: E402
-from v4flash.server import FifoLock, make_server, stop  # noqa: E402
+from v4flash.server import make_server, stop  # noqa: E402
+from v4flash.server.engine import FifoLock  # noqa: E402
 from v4flash.tokenizer import encode_prompt_ids, load_tokenizer  # noqa: E402
 
 TIMEOUT = 30
@@ -503,6 +504,21 @@ def test_sampling_errors_name_their_param(http):
         assert r.json()["error"]["message"] == message and r.json()["error"]["param"] == key
     body = {"messages": HELLO, "seed": -5, "max_tokens": 2, "temperature": 1.0}
     assert http.post("/v1/chat/completions", json=body).status_code == 200
+
+
+def test_a_repo_id_is_a_model_id_and_health_is_not_logged(m):
+    s = Running(m, name="deepseek-ai/DeepSeek-V4-Flash")
+    try:
+        with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
+            r = http.get("/v1/models/deepseek-ai/DeepSeek-V4-Flash")
+            assert r.status_code == 200 and r.json()["id"] == "deepseek-ai/DeepSeek-V4-Flash"
+            assert http.get("/v1/models/deepseek-ai").status_code == 404
+            assert http.get("/health").json()["model"] == "deepseek-ai/DeepSeek-V4-Flash"
+            assert http.post("/health", json={}).status_code == 405
+    finally:
+        s.close()
+    assert not any("/health" in line for line in s.logs), s.logs
+    assert any("GET /v1/models/deepseek-ai 404" in line for line in s.logs), s.logs
 
 
 def test_a_token_id_out_of_the_vocabulary_is_a_400(http, m):
