@@ -12,7 +12,8 @@ import time
 import pytest
 
 from conftest import FIXTURES, model_for
-from v4flash.chat import PASTE_END, PASTE_START, Conversation, MessageReader, Sampling
+from v4flash.chat.conversation import Conversation, Sampling
+from v4flash.chat.reader import PASTE_END, PASTE_START, MessageReader
 from v4flash.tokenizer import load_tokenizer
 
 GREEDY = ["--temperature", "0"]
@@ -340,7 +341,8 @@ def _scripted_console(lines):
 
 
 def test_without_readline_the_chat_asks_the_terminal_for_bracketed_paste(monkeypatch):
-    from v4flash.chat import PASTE_OFF, PASTE_ON, ChatApp
+    from v4flash.chat.reader import PASTE_OFF, PASTE_ON
+    from v4flash.chat.terminal import ChatApp
 
     monkeypatch.setitem(sys.modules, "readline", None)  # import readline fails
     out = _scripted_console([f"{PASTE_START}Hello there", f"What is 2+2?{PASTE_END}"])

@@ -11,7 +11,7 @@ import pytest
 
 import v4flash
 from conftest import FIXTURES, main_, model_for
-from v4flash.chat import Conversation, Sampling
+from v4flash.chat.conversation import Conversation, Sampling
 from v4flash.cli import expected_tensors, inspect_checkpoint
 from v4flash.cli import main as cli_main
 from v4flash.tokenizer import encode_prompt_ids, load_tokenizer

@@ -650,7 +650,8 @@ def read_prompt(args: argparse.Namespace, stdin: Any = None) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .chat import Conversation, PrefillBar, Sampling, detail_line
+    from .chat.conversation import Conversation, Sampling
+    from .chat.display import PrefillBar, detail_line
 
     prompt = read_prompt(args)
     if not prompt.strip():
@@ -723,13 +724,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _status_text(s: Dict[str, Any]) -> str:
-    from .chat import status_line
+    from .chat.display import status_line
 
     return status_line(s)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .chat import ChatApp, Sampling
+    from .chat.conversation import Sampling
+    from .chat.terminal import ChatApp
 
     path, demo = resolve_model(args)
     model, tok = load_model(args, path)
