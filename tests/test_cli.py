@@ -12,8 +12,9 @@ import pytest
 import v4flash
 from conftest import FIXTURES, main_, model_for
 from v4flash.chat.conversation import Conversation, Sampling
-from v4flash.cli import expected_tensors, inspect_checkpoint
 from v4flash.cli import main as cli_main
+from v4flash.config import expected_tensors
+from v4flash.doctor import inspect_checkpoint
 from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 
 GREEDY = ["--temperature", "0"]
@@ -97,9 +98,9 @@ def test_every_command_has_help_with_the_short_flags(capsys, cmd):
 
 
 def test_short_flags_mean_the_long_ones():
-    from v4flash.cli import _parser
+    from v4flash.cli.options import parser
 
-    p = _parser()
+    p = parser()
     pairs = [
         ("run", ["-m", "D", "-n", "5", "-t", "3", "-c", "512", "-p", "hi", "-q"]),
         (

@@ -254,7 +254,7 @@ def test_serve_names_the_model_after_the_repo(cache):
     import argparse
     from pathlib import Path
 
-    from v4flash.cli import _served_name
+    from v4flash.cli.serve import _served_name
 
     snap = make_cache(TINY, cache)
     a = argparse.Namespace(name=None, model_repo=REPO)
@@ -375,12 +375,12 @@ def test_an_unreadable_file_fails_and_the_rest_is_still_checked(cache, capsys, m
 def test_verify_shows_a_progress_bar_on_a_terminal(cache, capsys, monkeypatch):
     from rich.console import Console
 
-    import v4flash.cli as cli_mod
+    import v4flash.cli.info as cli_info
 
     make_cache(TINY, cache)
     buf = io.StringIO()
     term = Console(file=buf, force_terminal=True, width=120)
-    monkeypatch.setattr(cli_mod, "_err_console", lambda: term)
+    monkeypatch.setattr(cli_info, "err_console", lambda: term)
     p = main_(capsys, "doctor", "--verify", "-m", REPO)
     assert p.returncode == 0, p.stderr
     assert "verifying" in buf.getvalue()
