@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import FIXTURES, model_for
+from helpers import cli
 from v4flash.chat.conversation import Conversation, Sampling
 from v4flash.chat.reader import PASTE_END, PASTE_START, MessageReader
 from v4flash.tokenizer import load_tokenizer
@@ -37,14 +38,10 @@ def messages(*lines):
 
 def chat(tmp_path, text, *extra):
     stats = tmp_path / "stats.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "v4flash", "chat", "--model", str(FIXTURES / "tiny-a")]
-        + [*GREEDY, "--max-tokens", "6", "--stats-json", str(stats), *map(str, extra)],
+    p = cli(
+        *("chat", "--model", FIXTURES / "tiny-a", *GREEDY, "--max-tokens", "6"),
+        *("--stats-json", stats, *extra),
         input=text,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
     )
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr

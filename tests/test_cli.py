@@ -11,6 +11,7 @@ import pytest
 
 import v4flash
 from conftest import FIXTURES, main_, model_for
+from helpers import cli
 from v4flash.chat.conversation import Conversation, Sampling
 from v4flash.cli import main as cli_main
 from v4flash.config import expected_tensors
@@ -18,18 +19,6 @@ from v4flash.doctor import inspect_checkpoint
 from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 
 GREEDY = ["--temperature", "0"]
-
-
-def cli(*args, input=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "v4flash", *map(str, args)],
-        input=input,
-        stdin=subprocess.DEVNULL if input is None else None,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=timeout,
-    )
 
 
 def assert_clean_error(p, *fragments):

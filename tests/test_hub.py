@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import FIXTURES, main_
+from helpers import cli
 from hub_layout import (
     COMMIT,
     REPO,
@@ -27,18 +28,6 @@ from v4flash.units import GB, gb
 TINY = FIXTURES / "tiny-a"
 TINY_TOTAL = 5310484  # its index's metadata.total_size
 SHARD = "model-00002-of-00002.safetensors"
-
-
-def cli(*args, env=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "v4flash", *map(str, args)],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def clean_error(p, *fragments):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ openai = pytest.importorskip("openai")
 
 import v4flash  # noqa: E402
 from conftest import FIXTURES, model_for  # noqa: E402
+from helpers import CLOCK, WEATHER, serving  # noqa: E402
 from v4flash.encoding import encode_messages  # noqa: E402
 from v4flash.server import make_server, stop  # noqa: E402
 from v4flash.server.engine import FifoLock  # noqa: E402
@@ -604,19 +604,6 @@ def test_api_key(m):
 
 # --- tool calls: OpenAI tools JSON <-> DSML, exactly -----------------------------------------
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Météo d'une ville",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    },
-}
-CLOCK = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
 CALLS = [
     {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}},
     {"name": "now", "arguments": {}},
@@ -779,34 +766,15 @@ def test_forced_tool_choice_reaches_the_model():
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs SIGINT")
 def test_serve_command_answers_and_stops_on_ctrl_c():
-    p = subprocess.Popen(
-        [sys.executable, "-m", "v4flash", "serve", "--port", "0", "--max-tokens", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        encoding="utf-8",
-    )
-    err: list = []
-    reader = threading.Thread(target=lambda: err.extend(iter(p.stderr.readline, "")))
-    reader.start()
-    try:
-        end = time.time() + 60
-        while not any("serving" in x for x in err) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
+    with serving("--max-tokens", "4") as (p, err, url):
         line = next(x for x in err if "serving" in x)
         plan = next(i for i, x in enumerate(err) if x.startswith("plan:"))
         assert plan < err.index(line)  # the plan line comes before it listens
-        url = line.split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:")
         r = httpx.post(url + "/chat/completions", json={"messages": HELLO}, timeout=TIMEOUT)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=TIMEOUT) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        reader.join(TIMEOUT)
     text = "".join(err)
     assert "server stopped" in text and "Traceback" not in text
     assert "POST /v1/chat/completions 200" in text and "TTFT" in text
