@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from .. import V4FlashError
 from ..doctor import thread_warning
-from ..hub import HubError
+from ..hub.releases import HubError
 from .bench import cmd_bench
 from .chat import cmd_chat
 from .common import CliError

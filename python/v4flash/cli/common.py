@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
-from .. import hub
 from ..doctor import plan_line, plan_table
-from ..hub import HubError
+from ..hub.locate import locate
+from ..hub.releases import HubError
 
 
 class CliError(Exception):
@@ -41,7 +41,7 @@ def resolve_model(args: argparse.Namespace) -> Tuple[Path, bool]:
 
     if args.model:
         try:
-            found = hub.locate(args.model)
+            found = locate(args.model)
         except HubError as e:
             raise CliError(str(e), e.code) from None
         args.model_repo = found.repo_id

@@ -10,9 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-from .. import __version__, hub, kernel_tier
+from .. import __version__, kernel_tier
 from ..doctor import Inspection, inspect_checkpoint, machine_checks, plan_summary, plan_table
-from ..hub import HubError
+from ..hub.fetch import download
+from ..hub.hashes import incomplete_downloads, published_hashes, verify, verify_checks
+from ..hub.releases import HubError, download_command, release_repo
 from ..units import gb, plural
 from .common import CliError, err_console, resolve_model
 
@@ -111,7 +113,7 @@ def _print_rows(out, rows) -> None:
 def _verify_rows(path: Path) -> list:
     """``doctor --verify``: every file hashed against the hub's published hash, with a progress
     bar on a terminal (stderr); the rows to print."""
-    hashes = hub.published_hashes(path)
+    hashes = published_hashes(path)
     err = err_console()
     if err.is_terminal and hashes.files:
         from rich.progress import (
@@ -137,18 +139,18 @@ def _verify_rows(path: Path) -> list:
             def progress(n: int, name: str) -> None:
                 bar.update(task, advance=n, file=name)
 
-            v = hub.verify(path, progress, hashes)
+            v = verify(path, progress, hashes)
     else:
-        v = hub.verify(path, None, hashes)
-    rows = hub.verify_checks(v, path)
-    left = hub.incomplete_downloads(path)
+        v = verify(path, None, hashes)
+    rows = verify_checks(v, path)
+    left = incomplete_downloads(path)
     if left:
         rows.append(
             (
                 "warn",
                 "downloads",
                 f"{plural(len(left), 'interrupted download')} left behind ({left[0].name}); "
-                f"`{hub.download_command(hashes.repo_id or hub.release_repo(path))}` resumes",
+                f"`{download_command(hashes.repo_id or release_repo(path))}` resumes",
             )
         )
     return rows
@@ -158,7 +160,7 @@ def cmd_download(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     try:
-        folder = hub.download(args.repo, args.dir)
+        folder = download(args.repo, args.dir)
     except HubError as e:
         raise CliError(str(e), e.code) from None
     out = Console(highlight=False, emoji=False, soft_wrap=True)

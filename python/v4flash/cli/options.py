@@ -10,7 +10,7 @@ import math
 import os
 
 from .. import NUMERICS, __version__
-from ..hub import REPO_ID
+from ..hub.releases import REPO_ID
 from ..model import sample_params
 
 
