@@ -132,9 +132,12 @@ class Exchange(BaseHTTPRequestHandler):
     def chunk(self, data: bytes) -> None:
         self._write(b"%x\r\n%s\r\n" % (len(data), data))
 
-    def event(self, doc: Any) -> None:
-        """One ``data:`` event holding ``doc`` as JSON."""
-        self.chunk(b"data: " + json.dumps(doc, ensure_ascii=False).encode("utf-8") + b"\n\n")
+    def event(self, doc: Any, name: Optional[str] = None) -> None:
+        """One event holding ``doc`` as JSON (``data:``), of type ``name`` if given
+        (``event:``; OpenAI's streams name none)."""
+        head = b"event: %s\n" % name.encode("utf-8") if name else b""
+        data = json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        self.chunk(head + b"data: " + data + b"\n\n")
 
     def end_chunks(self) -> None:
         """The end of a streamed body."""
