@@ -521,6 +521,39 @@ def test_a_repo_id_is_a_model_id_and_health_is_not_logged(m):
     assert any("GET /v1/models/deepseek-ai 404" in line for line in s.logs), s.logs
 
 
+def test_another_dialect_is_a_table_of_routes(m):
+    # what the next API needs from the transport: its routes, its error shape, named events
+    from v4flash.server.errors import ApiError
+    from v4flash.server.http import Route
+
+    def shape(e):
+        return {"type": "error", "error": {"type": e.kind, "message": e.message}}
+
+    def messages(x):
+        body = x.read_json()
+        if "max_tokens" not in body:
+            raise ApiError(400, "max_tokens: Field required")
+        x.start_sse()
+        x.event({"type": "message_start"}, "message_start")
+        x.end_chunks()
+        return 200
+
+    s = Running(m, name="demo")
+    s.srv.RequestHandlerClass.routes[("POST", "/messages")] = Route(messages, shape)
+    try:
+        with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
+            r = http.post("/v1/messages", json={})
+            assert r.status_code == 400
+            assert r.json() == {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
+            }
+            r = http.post("/v1/messages", json={"max_tokens": 5})
+            assert r.text == 'event: message_start\ndata: {"type": "message_start"}\n\n'
+    finally:
+        s.close()
+
+
 def test_a_token_id_out_of_the_vocabulary_is_a_400(http, m):
     # the engine's own check (the prefill refuses the id) answers, about 'prompt'
     v = m.config.vocab_size
