@@ -11,25 +11,14 @@ import pytest
 
 import v4flash
 from conftest import FIXTURES, main_, model_for
-from v4flash.chat import Conversation, Sampling
-from v4flash.cli import expected_tensors, inspect_checkpoint
+from helpers import cli
+from v4flash.chat.conversation import Conversation, Sampling
 from v4flash.cli import main as cli_main
-from v4flash.encoding import encode_prompt_ids
-from v4flash.tokenizer import load_tokenizer
+from v4flash.config import expected_tensors
+from v4flash.doctor import inspect_checkpoint
+from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 
 GREEDY = ["--temperature", "0"]
-
-
-def cli(*args, input=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "v4flash", *map(str, args)],
-        input=input,
-        stdin=subprocess.DEVNULL if input is None else None,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=timeout,
-    )
 
 
 def assert_clean_error(p, *fragments):
@@ -98,9 +87,9 @@ def test_every_command_has_help_with_the_short_flags(capsys, cmd):
 
 
 def test_short_flags_mean_the_long_ones():
-    from v4flash.cli import _parser
+    from v4flash.cli.options import parser
 
-    p = _parser()
+    p = parser()
     pairs = [
         ("run", ["-m", "D", "-n", "5", "-t", "3", "-c", "512", "-p", "hi", "-q"]),
         (
@@ -190,6 +179,17 @@ def test_run_errors_are_one_line(capsys):
     assert_clean_error(main_(capsys, "run", "--model", FIXTURES / "nope", "Hi"), "nope")
     p = cli("run", "--temperature", "-1", "Hi")
     assert p.returncode == 2 and "temperature" in p.stderr and "Traceback" not in p.stderr
+    # argparse errors with the core's message for the sampling knobs (model.sample_params)
+    for flag, value, message in [
+        ("--top-p", "2", "argument --top-p: top_p must be in (0, 1], got 2"),
+        ("--top-k", "-1", "argument --top-k: top_k must be >= 0, got -1"),
+        ("--seed", "-1", "argument --seed: seed must be >= 0, got -1"),
+        ("--top-p", "x", "argument --top-p: expected a number, got 'x'"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            cli_main(["run", flag, value, "Hi"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err, err
 
 
 def test_run_combines_piped_stdin_with_the_prompt():

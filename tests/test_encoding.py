@@ -8,14 +8,14 @@ import os
 
 import pytest
 
+from helpers import CLOCK, WEATHER
 from v4flash.encoding import (
     encode_messages,
-    encode_prompt_ids,
     load_encoder_constants,
     parse_completion,
     reasoning_effort_texts,
 )
-from v4flash.tokenizer import load_tokenizer
+from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -58,20 +58,6 @@ Otherwise, output directly after </think> with tool calls or final response.
 
 You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 """  # noqa: E501
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Météo d'une ville",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    },
-}
-CLOCK = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
 
 
 def call(name, args, call_id=None):

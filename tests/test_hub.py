@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import FIXTURES, main_
+from helpers import cli
 from hub_layout import (
     COMMIT,
     REPO,
@@ -21,24 +22,14 @@ from hub_layout import (
     make_cache,
     make_local_dir,
 )
-from v4flash import _core, hub
+from v4flash import _core
+from v4flash.hub import fetch, hashes, releases
+from v4flash.hub.locate import looks_like_repo_id
 from v4flash.units import GB, gb
 
 TINY = FIXTURES / "tiny-a"
 TINY_TOTAL = 5310484  # its index's metadata.total_size
 SHARD = "model-00002-of-00002.safetensors"
-
-
-def cli(*args, env=None, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "v4flash", *map(str, args)],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def clean_error(p, *fragments):
@@ -104,8 +95,8 @@ def test_git_blob_id_is_gits(tmp_path):
 def test_looks_like_repo_id():
     yes = [REPO, "org/name", "a-b_c/d.e-1"]
     no = ["./x", "/abs/x", "~/x", "a/b/c", "name", "org/", "/org", "../x", "org/..", "a b/c"]
-    assert all(hub.looks_like_repo_id(s) for s in yes)
-    assert not any(hub.looks_like_repo_id(s) for s in no)
+    assert all(looks_like_repo_id(s) for s in yes)
+    assert not any(looks_like_repo_id(s) for s in no)
 
 
 def test_model_repo_id_is_found_in_the_cache(cache, capsys):
@@ -154,7 +145,7 @@ def test_a_repo_not_in_the_cache_says_how_to_get_it(cache, capsys):
 
 
 def test_a_repo_not_in_the_cache_on_a_small_disk_says_where_else(cache, capsys, monkeypatch):
-    monkeypatch.setattr(hub, "free_bytes", lambda path: 10 * GB)
+    monkeypatch.setattr(releases, "free_bytes", lambda path: 10 * GB)
     p = main_(capsys, "run", "--model", REPO, "hi")
     clean_error(p, "10.0 GB is free", "not enough", f"v4flash download {REPO} --dir DIR")
 
@@ -202,11 +193,11 @@ def test_published_sizes_agree_with_the_tensor_tables():
     for repo, release in [(REPO, "first"), (REPO + "-0731", "0731")]:
         cfg = _core.published_config(release)
         total = table_bytes(_core.expected_tensors(cfg)) + table_bytes(_core.drafter_tensors(cfg))
-        assert hub.RELEASES[repo] == total, repo
-        assert hub.checkpoint_bytes(None, repo) == (total, "the published checkpoint")
-    assert hub.REPO_ID == REPO + "-0731"  # download fetches the newest release
-    assert hub.checkpoint_bytes(TINY) == (TINY_TOTAL, "the index's total_size")
-    assert hub.checkpoint_bytes(None, "org/other") == (None, "unknown")
+        assert releases.RELEASES[repo] == total, repo
+        assert releases.checkpoint_bytes(None, repo) == (total, "the published checkpoint")
+    assert releases.REPO_ID == REPO + "-0731"  # download fetches the newest release
+    assert releases.checkpoint_bytes(TINY) == (TINY_TOTAL, "the index's total_size")
+    assert releases.checkpoint_bytes(None, "org/other") == (None, "unknown")
 
 
 def test_without_huggingface_hub_a_repo_id_says_how_to_install_it(no_hub, capsys):
@@ -254,7 +245,7 @@ def test_serve_names_the_model_after_the_repo(cache):
     import argparse
     from pathlib import Path
 
-    from v4flash.cli import _served_name
+    from v4flash.cli.serve import _served_name
 
     snap = make_cache(TINY, cache)
     a = argparse.Namespace(name=None, model_repo=REPO)
@@ -328,20 +319,20 @@ def test_verify_on_a_plain_folder_says_it_cannot(capsys):
 
 def test_verify_reads_every_file_once_front_to_back(cache, monkeypatch):
     snap = make_cache(TINY, cache)
-    real = hub._read_chunks
+    real = hashes._read_chunks
     reads = []
 
-    def recording(path, chunk=hub.CHUNK):
+    def recording(path, chunk=hashes.CHUNK):
         offset = 0
         for b in real(path, 64 << 10):  # small chunks: several per shard
             reads.append((path, offset, len(b)))
             offset += len(b)
             yield b
 
-    monkeypatch.setattr(hub, "_read_chunks", recording)
+    monkeypatch.setattr(hashes, "_read_chunks", recording)
     seen = []
-    h = hub.published_hashes(snap)
-    v = hub.verify(snap, lambda n, name: seen.append((name, n)), h)
+    h = hashes.published_hashes(snap)
+    v = hashes.verify(snap, lambda n, name: seen.append((name, n)), h)
     assert v.ok
     order = [p for i, (p, _, _) in enumerate(reads) if i == 0 or reads[i - 1][0] != p]
     assert order == [f.data for f in h.files]  # one pass per file, in order
@@ -355,16 +346,16 @@ def test_verify_reads_every_file_once_front_to_back(cache, monkeypatch):
 
 def test_an_unreadable_file_fails_and_the_rest_is_still_checked(cache, capsys, monkeypatch):
     snap = make_cache(TINY, cache)
-    real = hub._read_chunks
+    real = hashes._read_chunks
     bad = blob_of(snap / SHARD)
 
-    def failing(path, chunk=hub.CHUNK):
+    def failing(path, chunk=hashes.CHUNK):
         if path == bad:
             raise OSError(5, "Input/output error")
         yield from real(path, chunk)
 
-    monkeypatch.setattr(hub, "_read_chunks", failing)
-    v = hub.verify(snap)
+    monkeypatch.setattr(hashes, "_read_chunks", failing)
+    v = hashes.verify(snap)
     assert [f.rel for f, _ in v.unreadable] == [SHARD] and not v.bad
     assert v.bytes_read == v.hashes.total_bytes - bad.stat().st_size
     p = main_(capsys, "doctor", "--verify", "-m", REPO)
@@ -375,12 +366,12 @@ def test_an_unreadable_file_fails_and_the_rest_is_still_checked(cache, capsys, m
 def test_verify_shows_a_progress_bar_on_a_terminal(cache, capsys, monkeypatch):
     from rich.console import Console
 
-    import v4flash.cli as cli_mod
+    import v4flash.cli.info as cli_info
 
     make_cache(TINY, cache)
     buf = io.StringIO()
     term = Console(file=buf, force_terminal=True, width=120)
-    monkeypatch.setattr(cli_mod, "_err_console", lambda: term)
+    monkeypatch.setattr(cli_info, "err_console", lambda: term)
     p = main_(capsys, "doctor", "--verify", "-m", REPO)
     assert p.returncode == 0, p.stderr
     assert "verifying" in buf.getvalue()
@@ -460,20 +451,20 @@ def test_download_defaults_to_deepseek_into_the_cache(cache, capsys, monkeypatch
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
     p = main_(capsys, "download")
     assert p.returncode == 0, p.stderr
-    assert fake.calls == [{"repo_id": hub.REPO_ID}]
-    assert f"ready: v4flash chat --model {hub.REPO_ID}" in p.stdout
+    assert fake.calls == [{"repo_id": releases.REPO_ID}]
+    assert f"ready: v4flash chat --model {releases.REPO_ID}" in p.stdout
 
 
 def test_download_warns_when_the_disk_is_too_small(cache, capsys, monkeypatch):
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", FakeSnapshot())
-    monkeypatch.setattr(hub, "free_bytes", lambda path: 5 * GB)
+    monkeypatch.setattr(fetch, "free_bytes", lambda path: 5 * GB)
     p = main_(capsys, "download", "--no-verify")
-    assert f"downloading {hub.REPO_ID} into {cache} (about 167 GB)" in p.stderr
+    assert f"downloading {releases.REPO_ID} into {cache} (about 167 GB)" in p.stderr
     assert "warning: about 166.9 GB more is needed but only 5.0 GB is free" in p.stderr
     # resuming: the index that is already there gives the size, what is there counts
-    monkeypatch.setattr(hub, "free_bytes", lambda path: 1)
+    monkeypatch.setattr(fetch, "free_bytes", lambda path: 1)
     p = main_(capsys, "download", "--no-verify")
     have = sum(f.stat().st_size for f in TINY.iterdir()) + len(COMMIT)  # blobs + refs/main
     assert f"(5.3 MB, {gb(have)} of it already there)" in p.stderr

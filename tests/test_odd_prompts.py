@@ -6,8 +6,7 @@ import pytest
 
 import v4flash
 from conftest import FIXTURES, model_for
-from v4flash.encoding import encode_prompt_ids
-from v4flash.tokenizer import load_tokenizer
+from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 
 
 @pytest.fixture(scope="module")

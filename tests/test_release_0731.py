@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
 
 import v4flash
 from conftest import FIXTURES, main_
+from helpers import cli, serving
 from make_bad_checkpoints import Shard, load_json
 from v4flash import _core
 from v4flash.doctor import inspect_checkpoint
@@ -35,17 +33,6 @@ def copy(tmp_path):
 
 def shard_of(d, name):
     return load_json(d / INDEX)["weight_map"][name]
-
-
-def cli(*args, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "v4flash", *map(str, args)],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=timeout,
-    )
 
 
 def test_the_fixture_is_shaped_like_0731():
@@ -93,15 +80,7 @@ def test_run_and_chat_answer_as_the_reference():
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     n = len(case["greedy_new"])
     assert m.session().generate(case["ids"], n, stop_ids=[]) == case["greedy_new"]
-    p = subprocess.run(
-        [sys.executable, "-m", "v4flash", "chat", "-m", str(TINY_B), "--temperature", "0"]
-        + ["-n", "4"],
-        input="Hello\n/exit\n",
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
-    )
+    p = cli("chat", "-m", TINY_B, "--temperature", "0", "-n", "4", input="Hello\n/exit\n")
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
 
@@ -109,31 +88,12 @@ def test_run_and_chat_answer_as_the_reference():
 @pytest.mark.skipif(sys.platform == "win32", reason="needs SIGINT")
 def test_serve_answers():
     httpx = pytest.importorskip("httpx")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "v4flash", "serve", "-m", str(TINY_B), "--port", "0", "-n", "3"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        encoding="utf-8",
-    )
-    err: list = []
-    reader = threading.Thread(target=lambda: err.extend(iter(p.stderr.readline, "")))
-    reader.start()
-    try:
-        end = time.time() + 60
-        while not any("serving" in x for x in err) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
-        url = next(x for x in err if "serving" in x).split(" at ")[1].split()[0]
+    with serving("-m", TINY_B, "-n", "3") as (p, _, url):
         msgs = [{"role": "user", "content": "Hello"}]
         r = httpx.post(url + "/chat/completions", json={"messages": msgs}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=30) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        reader.join(30)
 
 
 # --- a broken drafter disables the drafter, not the model ------------------------------------

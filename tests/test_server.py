@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -22,9 +21,11 @@ openai = pytest.importorskip("openai")
 
 import v4flash  # noqa: E402
 from conftest import FIXTURES, model_for  # noqa: E402
-from v4flash.encoding import encode_messages, encode_prompt_ids  # noqa: E402
-from v4flash.server import FifoLock, make_server, stop  # noqa: E402
-from v4flash.tokenizer import load_tokenizer  # noqa: E402
+from helpers import CLOCK, WEATHER, serving  # noqa: E402
+from v4flash.encoding import encode_messages  # noqa: E402
+from v4flash.server import make_server, stop  # noqa: E402
+from v4flash.server.engine import FifoLock  # noqa: E402
+from v4flash.tokenizer import encode_prompt_ids, load_tokenizer  # noqa: E402
 
 TIMEOUT = 30
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -488,6 +489,88 @@ def test_bad_chat_requests(http, body, status, fragment):
     assert fragment in err["message"] and err["type"] == "invalid_request_error"
 
 
+def test_sampling_errors_name_their_param(http):
+    # the engine's rule checks them (model.sample_params); the dialect adds OpenAI's range for
+    # temperature and takes any integer seed
+    for key, value, message in [
+        ("temperature", 7, "'temperature' must be between 0 and 2, got 7"),
+        ("temperature", -1, "'temperature' must be between 0 and 2, got -1"),
+        ("top_p", 0, "'top_p' must be in (0, 1], got 0"),
+        ("top_p", 1.5, "'top_p' must be in (0, 1], got 1.5"),
+        ("top_k", -1, "'top_k' must be >= 0, got -1"),
+    ]:
+        r = http.post("/v1/chat/completions", json={"messages": HELLO, key: value})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == message and r.json()["error"]["param"] == key
+    body = {"messages": HELLO, "seed": -5, "max_tokens": 2, "temperature": 1.0}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+
+
+def test_a_repo_id_is_a_model_id_and_health_is_not_logged(m):
+    s = Running(m, name="deepseek-ai/DeepSeek-V4-Flash")
+    try:
+        with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
+            r = http.get("/v1/models/deepseek-ai/DeepSeek-V4-Flash")
+            assert r.status_code == 200 and r.json()["id"] == "deepseek-ai/DeepSeek-V4-Flash"
+            assert http.get("/v1/models/deepseek-ai").status_code == 404
+            assert http.get("/health").json()["model"] == "deepseek-ai/DeepSeek-V4-Flash"
+            assert http.post("/health", json={}).status_code == 405
+    finally:
+        s.close()
+    assert not any("/health" in line for line in s.logs), s.logs
+    assert any("GET /v1/models/deepseek-ai 404" in line for line in s.logs), s.logs
+
+
+def test_another_dialect_is_a_table_of_routes(m):
+    # what the next API needs from the transport: its routes, its error shape, named events
+    from v4flash.server.errors import ApiError
+    from v4flash.server.http import Route
+
+    def shape(e):
+        return {"type": "error", "error": {"type": e.kind, "message": e.message}}
+
+    def messages(x):
+        body = x.read_json()
+        if "max_tokens" not in body:
+            raise ApiError(400, "max_tokens: Field required")
+        x.start_sse()
+        x.event({"type": "message_start"}, "message_start")
+        x.end_chunks()
+        return 200
+
+    s = Running(m, name="demo")
+    s.srv.RequestHandlerClass.routes[("POST", "/messages")] = Route(messages, shape)
+    try:
+        with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
+            r = http.post("/v1/messages", json={})
+            assert r.status_code == 400
+            assert r.json() == {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
+            }
+            r = http.post("/v1/messages", json={"max_tokens": 5})
+            assert r.text == 'event: message_start\ndata: {"type": "message_start"}\n\n'
+    finally:
+        s.close()
+
+
+def test_a_token_id_out_of_the_vocabulary_is_a_400(http, m):
+    # the engine's own check (the prefill refuses the id) answers, about 'prompt'
+    v = m.config.vocab_size
+    r = http.post("/v1/completions", json={"prompt": [0, v], "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert f"token id {v} is out of the vocabulary" in err["message"]
+    assert err["param"] == "prompt" and err["type"] == "invalid_request_error"
+    body = {"prompt": [0, v], "max_tokens": 2, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        lines = [x for x in r.iter_lines() if x]
+    assert "out of the vocabulary" in json.loads(lines[0][6:])["error"]["message"]
+    assert lines[-1] == "data: [DONE]"
+    ok = http.post("/v1/completions", json={"prompt": [0, v - 1], "max_tokens": 2})
+    assert ok.status_code == 200  # the server goes on
+
+
 def test_bad_requests_at_the_http_level(server, http):
     for path, content, fragment in [
         ("/v1/chat/completions", b"{bad json", "not valid JSON"),
@@ -554,19 +637,6 @@ def test_api_key(m):
 
 # --- tool calls: OpenAI tools JSON <-> DSML, exactly -----------------------------------------
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Météo d'une ville",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    },
-}
-CLOCK = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
 CALLS = [
     {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}},
     {"name": "now", "arguments": {}},
@@ -729,34 +799,15 @@ def test_forced_tool_choice_reaches_the_model():
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs SIGINT")
 def test_serve_command_answers_and_stops_on_ctrl_c():
-    p = subprocess.Popen(
-        [sys.executable, "-m", "v4flash", "serve", "--port", "0", "--max-tokens", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        encoding="utf-8",
-    )
-    err: list = []
-    reader = threading.Thread(target=lambda: err.extend(iter(p.stderr.readline, "")))
-    reader.start()
-    try:
-        end = time.time() + 60
-        while not any("serving" in x for x in err) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
+    with serving("--max-tokens", "4") as (p, err, url):
         line = next(x for x in err if "serving" in x)
         plan = next(i for i, x in enumerate(err) if x.startswith("plan:"))
         assert plan < err.index(line)  # the plan line comes before it listens
-        url = line.split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:")
         r = httpx.post(url + "/chat/completions", json={"messages": HELLO}, timeout=TIMEOUT)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=TIMEOUT) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        reader.join(TIMEOUT)
     text = "".join(err)
     assert "server stopped" in text and "Traceback" not in text
     assert "POST /v1/chat/completions 200" in text and "TTFT" in text

@@ -1,4 +1,4 @@
-"""The text-level API (python/v4flash/textapi.py) on the demo checkpoint: chat / chat_stream /
+"""The text-level API (python/v4flash/textapi/) on the demo checkpoint: chat / chat_stream /
 complete, stop strings (also spanning tokens), the streaming reasoning/content/DSML split
 against parse_completion, and the prompt cache (cached output == cold output)."""
 
@@ -11,14 +11,11 @@ import pytest
 
 import v4flash
 from conftest import FIXTURES, model_for
-from v4flash.encoding import encode_messages, encode_prompt_ids, parse_completion
-from v4flash.textapi import (
-    ContextLengthError,
-    PromptCache,
-    StopMatcher,
-    _Splitter,
-)
-from v4flash.tokenizer import V4Tokenizer
+from v4flash.encoding import encode_messages, parse_completion
+from v4flash.textapi.cache import PromptCache
+from v4flash.textapi.prompts import ContextLengthError
+from v4flash.textapi.stream import Splitter, StopMatcher
+from v4flash.tokenizer import V4Tokenizer, encode_prompt_ids
 
 D = "｜DSML｜"
 EOS = "<｜end▁of▁sentence｜>"
@@ -183,6 +180,9 @@ def test_complete_is_raw_text(m):
     assert r.usage.prompt_tokens == len(ids)
     r2 = m.complete(ids, max_new_tokens=5, temperature=0, cache=False)
     assert r2.ids == r.ids
+    v = m.config.vocab_size
+    with pytest.raises(ValueError, match=f"token id {v} is out of the vocabulary"):
+        m.complete([0, v], max_new_tokens=2, cache=False)  # the engine's check
 
 
 def test_bad_arguments_raise_value_error_before_any_work(m):
@@ -356,7 +356,7 @@ def _completion_text(mode, content, calls, reasoning="hmm"):
 
 def _split(text, thinking, tools=True, seed=0):
     rng = random.Random(seed)
-    sp = _Splitter(thinking, tools)
+    sp = Splitter(thinking, tools)
     events, i = [], 0
     while i < len(text):
         n = rng.randint(1, 7)

@@ -31,7 +31,8 @@ Literal special-token text: :func:`encode_messages` returns the prompt *string* 
 which ``<｜User｜>`` came from the template and which was typed by a user; tokenizing that
 string naively turns typed text into control tokens. Like DeepSeek's API, we treat text that
 comes from messages (contents, reasoning, tool names/arguments/schemas, tool results) as plain
-text: :func:`encode_prompt_ids` tokenizes such text without matching added tokens, so control
+text: :func:`v4flash.tokenizer.encode_prompt_ids` tokenizes such text without matching added
+tokens, so control
 tokens come only from the template. For ordinary input its ids equal
 ``tokenizer.encode(encode_messages(...))`` exactly.
 """
@@ -46,6 +47,8 @@ import re
 from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+# The control tokens, spelled once (docs/chat-format.md §2): the tokenizer looks their ids up by
+# these strings (tokenizer.V4Tokenizer), never by number.
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 USER = "<｜User｜>"
@@ -54,6 +57,15 @@ THINK = "<think>"
 END_THINK = "</think>"
 DSML = "｜DSML｜"
 LATEST_REMINDER = "<｜latest_reminder｜>"
+# those the engine needs the ids of, by the name V4Tokenizer gives them (``eos_id``, …)
+CONTROL_TOKENS = {
+    "bos": BOS,
+    "eos": EOS,
+    "user": USER,
+    "assistant": ASSISTANT,
+    "think": THINK,
+    "end_think": END_THINK,
+}
 
 THINKING_MODES = ("chat", "thinking")
 RELEASES = ("preview", "0731")
@@ -101,6 +113,8 @@ RESPONSE_FORMAT_HEADER = (
 
 _TC_OPEN = f"<{DSML}tool_calls>"
 _TC_CLOSE = f"</{DSML}tool_calls>"
+TOOL_CALLS_START = f"\n\n<{DSML}tool_calls"  # where parse_completion finds a tool-call block
+TOOL_CALLS_END = _TC_CLOSE
 _INVOKE_OPEN = f"<{DSML}invoke"
 _INVOKE_CLOSE = f"</{DSML}invoke"
 _PARAM_OPEN = f"<{DSML}parameter"
@@ -160,6 +174,13 @@ def _load_constants_cached(path: str, mtime: float, size: int) -> Dict[str, Any]
         except ValueError:
             continue
     return env
+
+
+def encoder_file(checkpoint: Union[str, os.PathLike]) -> Optional[str]:
+    """The checkpoint's own encoder (``encoding/encoding_dsv4.py`` in its folder), or None
+    when it carries none."""
+    p = os.path.join(os.fspath(checkpoint), "encoding", "encoding_dsv4.py")
+    return p if os.path.isfile(p) else None
 
 
 def load_encoder_constants(path: Union[str, os.PathLike]) -> Dict[str, Any]:
@@ -421,6 +442,13 @@ def _render_tool_calls(tool_calls: Any, where: str) -> List[Segment]:
     return out
 
 
+def tool_call_opening(name: Optional[str] = None) -> str:
+    """The text that opens the model's tool-call block (fed to force a call): up to the
+    function's name (``name`` None: the model picks it), or through the invoke line."""
+    head = f'{TOOL_CALLS_START}>\n{_INVOKE_OPEN} name="'
+    return head if name is None else f'{head}{name}">\n'
+
+
 def _render(msgs, index, last_user, thinking: bool, drop: bool, prefix: str) -> List[Segment]:
     """One message and, after a user turn that ends the prompt or precedes an assistant,
     the ``<｜Assistant｜>`` + ``<think>``/``</think>`` suffix (as upstream)."""
@@ -480,7 +508,8 @@ def encode_segments(
     encoder_path: Union[str, os.PathLike, None] = None,
     add_bos: bool = True,
 ) -> List[Segment]:
-    """The prompt as ``(text, from_template)`` pieces; see :func:`encode_messages`."""
+    """The prompt as ``(text, from_template)`` pieces; the options are described at
+    :func:`encode_messages`."""
     if thinking_mode not in THINKING_MODES:
         raise ValueError(f"thinking_mode={thinking_mode!r}: expected one of {THINKING_MODES}")
     thinking = thinking_mode == "thinking"
@@ -496,21 +525,10 @@ def encode_segments(
     return [s for s in out if s[0]]
 
 
-def encode_messages(
-    messages: List[Dict[str, Any]],
-    *,
-    thinking_mode: str = "chat",
-    drop_thinking: bool = True,
-    reasoning_effort: Optional[str] = None,
-    release: Optional[str] = None,
-    tools: Optional[List[Dict[str, Any]]] = None,
-    response_format: Any = None,
-    encoder_path: Union[str, os.PathLike, None] = None,
-    add_bos: bool = True,
-) -> str:
+def encode_messages(messages: List[Dict[str, Any]], **options: Any) -> str:
     """Render OpenAI-style messages into the DeepSeek V4 prompt string.
 
-    Args:
+    Args (``messages``, then the keyword-only options :func:`encode_segments` takes):
         messages: dicts with ``role`` in system/user/developer/assistant/tool/latest_reminder;
             assistant messages may carry ``reasoning_content``, ``tool_calls`` (OpenAI format)
             and ``wo_eos`` (no EOS: a partial answer to continue); tool messages
@@ -529,67 +547,7 @@ def encode_messages(
             the release's reasoning-effort texts from; needed for 0731 ``"max"``.
         add_bos: start with BOS (as the official encoder does without a context).
     """
-    return "".join(
-        text
-        for text, _ in encode_segments(
-            messages,
-            thinking_mode=thinking_mode,
-            drop_thinking=drop_thinking,
-            reasoning_effort=reasoning_effort,
-            release=release,
-            tools=tools,
-            response_format=response_format,
-            encoder_path=encoder_path,
-            add_bos=add_bos,
-        )
-    )
-
-
-def encode_prompt_ids(tokenizer: Any, messages: List[Dict[str, Any]], **kwargs: Any) -> List[int]:
-    """Token ids of the prompt, with control tokens produced only by the template.
-
-    ``tokenizer`` is a :class:`v4flash.tokenizer.V4Tokenizer` or a ``tokenizers.Tokenizer``;
-    ``kwargs`` are those of :func:`encode_messages`. Text from the messages that contains (or,
-    with its neighbours, forms) an added token such as ``<｜User｜>`` is encoded as plain text
-    (byte-level BPE pieces), never as that token's id. All other text is encoded in runs as
-    large as possible, so ordinary prompts get exactly ``tokenizer.encode(prompt)``.
-    """
-    from .tokenizer import V4Tokenizer
-
-    tok = tokenizer if isinstance(tokenizer, V4Tokenizer) else V4Tokenizer(tokenizer)
-    segments = encode_segments(messages, **kwargs)
-    full = "".join(s for s, _ in segments)
-    # Mark message text overlapping any added-token match of the whole prompt.
-    starts, pos = [], 0
-    for text, _ in segments:
-        starts.append(pos)
-        pos += len(text)
-    plain = [False] * len(segments)
-    pattern = tok.added_token_pattern
-    if pattern is not None:
-        seg = 0
-        for match in pattern.finditer(full):
-            a, b = match.span()
-            while seg < len(segments) and starts[seg] + len(segments[seg][0]) <= a:
-                seg += 1
-            k = seg
-            while k < len(segments) and starts[k] < b:
-                if not segments[k][1]:
-                    plain[k] = True
-                k += 1
-    ids: List[int] = []
-    run: List[str] = []
-    for (text, _), is_plain in zip(segments, plain):
-        if is_plain:
-            if run:
-                ids += tok.encode("".join(run))
-                run = []
-            ids += tok.encode_plain(text)
-        else:
-            run.append(text)
-    if run:
-        ids += tok.encode("".join(run))
-    return ids
+    return "".join(text for text, _ in encode_segments(messages, **options))
 
 
 # --------------------------------------------------------------------------------------------
@@ -662,7 +620,7 @@ def parse_completion(text: str, *, thinking_mode: str, strict: bool = False) -> 
         raise ValueError(f"thinking_mode={thinking_mode!r}: expected one of {THINKING_MODES}")
     if not isinstance(text, str):
         raise ValueError("text must be a string")
-    tc_start = "\n\n" + f"<{DSML}tool_calls"
+    tc_start = TOOL_CALLS_START
     reasoning, index, tool_calls = "", 0, []
     if thinking_mode == "thinking":
         start = len(THINK) if text.startswith(THINK) else 0

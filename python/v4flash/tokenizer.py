@@ -1,9 +1,11 @@
 """The checkpoint's tokenizer (``tokenizer.json``, byte-level BPE) and a streaming decoder.
 
 A thin wrapper over ``tokenizers.Tokenizer``: encoding never adds BOS (the chat encoder writes
-it as text), control-token ids are looked up by their strings rather than hard-coded, and
-:class:`StreamDecoder` turns generated ids into text without ever emitting half a UTF-8
-character (a byte-level token can end in the middle of one).
+it as text), control-token ids are looked up by their strings (``encoding.CONTROL_TOKENS``)
+rather than hard-coded, :func:`encode_prompt_ids` turns the chat format's prompt into ids with
+control tokens only where the template put them, and :class:`StreamDecoder` turns generated
+ids into text without ever emitting half a UTF-8 character (a byte-level token can end in the
+middle of one).
 """
 
 from __future__ import annotations
@@ -11,16 +13,9 @@ from __future__ import annotations
 import codecs
 import os
 import re
-from typing import Dict, Iterable, List, Optional, Pattern, Union
+from typing import Any, Dict, Iterable, List, Optional, Pattern, Union
 
-SPECIAL_TOKENS = {
-    "bos": "<｜begin▁of▁sentence｜>",
-    "eos": "<｜end▁of▁sentence｜>",
-    "user": "<｜User｜>",
-    "assistant": "<｜Assistant｜>",
-    "think": "<think>",
-    "end_think": "</think>",
-}
+from .encoding import CONTROL_TOKENS, encode_segments
 
 
 def _byte_decoder() -> Dict[str, int]:
@@ -54,7 +49,7 @@ class V4Tokenizer:
         self._bytes_cache: Dict[int, bytes] = {}
         self._pattern: Optional[Pattern[str]] = None
         self.special_ids: Dict[str, int] = {}
-        for name, text in SPECIAL_TOKENS.items():
+        for name, text in CONTROL_TOKENS.items():
             tid = tokenizer.token_to_id(text)
             if tid is None:
                 where = f" in {path}" if path else ""
@@ -189,6 +184,52 @@ class StreamDecoder:
     def pending(self) -> bool:
         """Whether bytes of an unfinished character are held back."""
         return bool(self._utf8.getstate()[0])
+
+
+def encode_prompt_ids(tokenizer: Any, messages: List[Dict[str, Any]], **kwargs: Any) -> List[int]:
+    """Token ids of the chat prompt (:func:`~v4flash.encoding.encode_segments`), with control
+    tokens produced only by the template (docs/chat-format.md §8).
+
+    ``tokenizer`` is a :class:`V4Tokenizer` or a ``tokenizers.Tokenizer``; ``kwargs`` are those
+    of :func:`~v4flash.encoding.encode_messages`. Text from the messages that contains (or, with
+    its neighbours, forms) an added token such as ``<｜User｜>`` is encoded as plain text
+    (byte-level BPE pieces), never as that token's id. All other text is encoded in runs as
+    large as possible, so ordinary prompts get exactly ``tokenizer.encode(prompt)``.
+    """
+    tok = tokenizer if isinstance(tokenizer, V4Tokenizer) else V4Tokenizer(tokenizer)
+    segments = encode_segments(messages, **kwargs)
+    full = "".join(s for s, _ in segments)
+    # Mark message text overlapping any added-token match of the whole prompt.
+    starts, pos = [], 0
+    for text, _ in segments:
+        starts.append(pos)
+        pos += len(text)
+    plain = [False] * len(segments)
+    pattern = tok.added_token_pattern
+    if pattern is not None:
+        seg = 0
+        for match in pattern.finditer(full):
+            a, b = match.span()
+            while seg < len(segments) and starts[seg] + len(segments[seg][0]) <= a:
+                seg += 1
+            k = seg
+            while k < len(segments) and starts[k] < b:
+                if not segments[k][1]:
+                    plain[k] = True
+                k += 1
+    ids: List[int] = []
+    run: List[str] = []
+    for (text, _), is_plain in zip(segments, plain):
+        if is_plain:
+            if run:
+                ids += tok.encode("".join(run))
+                run = []
+            ids += tok.encode_plain(text)
+        else:
+            run.append(text)
+    if run:
+        ids += tok.encode("".join(run))
+    return ids
 
 
 def _check_text(text: str) -> str:

@@ -16,6 +16,7 @@ def gb(n: float) -> str:
     return f"{n / 1000:.0f} KB"
 
 
-def plural(n: int, word: str) -> str:
-    """``1 thread``, ``2 threads``."""
-    return f"{n} {word}{'' if n == 1 else 's'}"
+def plural(n: int, word: str, *, grouped: bool = False) -> str:
+    """``1 thread``, ``2 threads``; ``grouped``: ``1,024 tokens``."""
+    count = f"{n:,}" if grouped else f"{n}"
+    return f"{count} {word}{'' if n == 1 else 's'}"

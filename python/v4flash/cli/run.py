@@ -1,0 +1,125 @@
+"""``v4flash run``: one prompt answered on stdout (the reasoning on stderr), from an argument,
+piped stdin, or both; ``--raw`` continues text without the chat template, ``--json`` prints
+ids, text and figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..chat.conversation import Conversation, Sampling
+from ..chat.display import PrefillBar, detail_line, status_line
+from .common import CliError, err_console, load_model, resolve_model
+
+
+def _piped_stdin(stdin: Any) -> bool:
+    """True when stdin is a pipe or a redirected file (``cat f | v4flash run ...``,
+    ``< f``): data to read that ends. Not for a terminal, /dev/null, a socket, or a stand-in
+    without a file descriptor."""
+    import stat
+
+    if stdin is None:
+        return False
+    try:
+        mode = os.fstat(stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def read_prompt(args: argparse.Namespace, stdin: Any = None) -> str:
+    """The prompt: the argument (or ``-p``), piped stdin, or both: the piped text, a blank
+    line, then the argument (an instruction after the text it is about, as
+    ``cat notes.txt | v4flash run "Summarize"`` reads)."""
+    stdin = sys.stdin if stdin is None else stdin
+    given = [x for x in (args.prompt, args.prompt_option) if x is not None]
+    if len(given) > 1:
+        raise CliError("give the prompt once: as an argument or with -p/--prompt, not both", 2)
+    arg = given[0] if given else None
+    if arg is None:
+        if stdin is None or stdin.isatty():
+            raise CliError(
+                'run needs a prompt: v4flash run "your question" (or pipe it on stdin)', 2
+            )
+        return stdin.read()
+    if not _piped_stdin(stdin):
+        return arg
+    piped = stdin.read()
+    if not piped.strip():
+        return arg
+    return piped.rstrip() + "\n\n" + arg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+
+    prompt = read_prompt(args)
+    if not prompt.strip():
+        raise CliError("the prompt is empty", 2)
+    path, demo = resolve_model(args)
+    model, tok = load_model(args, path)
+    sampling = Sampling(
+        args.temperature, args.top_p, args.top_k, args.seed, args.max_tokens, tuple(args.stop or ())
+    )
+    stream = not args.json
+    state = {"phase": None}
+
+    def on_text(kind: str, text: str) -> None:
+        if not stream or not text:
+            return
+        if kind == "reasoning":  # the answer goes to stdout; reasoning to stderr
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        else:
+            if state["phase"] == "reasoning":
+                sys.stderr.write("\n")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        state["phase"] = kind
+
+    bar = PrefillBar(err_console() if not args.quiet else None)
+    try:
+        if args.raw:
+            conv = Conversation(model, tok, thinking=False)
+            result = conv.complete_raw(tok.encode(prompt), sampling, on_text, bar.callback)
+        else:
+            conv = Conversation(
+                model,
+                tok,
+                thinking=args.thinking,
+                system=args.system,
+                reasoning_effort=args.reasoning_effort,
+            )
+            result = conv.respond(prompt, sampling, on_text, bar.callback)
+    finally:
+        bar.stop()
+    if state["phase"] == "reasoning":  # the reasoning ended the output: end its line
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+    if result.stats.get("error"):
+        raise CliError(result.stats["error"])
+    if args.json:
+        doc = {
+            "model": str(path),
+            "demo": demo,
+            "numerics": model.numerics,
+            "prompt_ids": result.prompt_ids,
+            "ids": result.ids,
+            "text": result.text,
+            "reasoning": result.reasoning,
+            "content": result.content,
+            "stop": result.stop,
+            "stats": result.stats,
+        }
+        print(json.dumps(doc, ensure_ascii=False))
+    else:
+        if not result.text.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        if args.verbose:
+            print(detail_line(result.stats), file=sys.stderr)
+        elif not args.quiet:
+            print(status_line(result.stats), file=sys.stderr)
+    return 130 if result.stop == "interrupted" else 0

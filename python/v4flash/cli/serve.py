@@ -1,0 +1,78 @@
+"""``v4flash serve``: the HTTP server (``server``) on a loaded model, until Ctrl-C or SIGTERM;
+running answers end at their next token, queued requests get 503."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from ..server import make_server
+from ..textapi.attached import use_tokenizer
+from .common import CliError, load_model, resolve_model
+
+
+def _served_name(args: argparse.Namespace, path: Path, demo: bool) -> str:
+    """The model id /v1/models shows: --name, else the repo id --model named, else the
+    checkpoint folder's name."""
+    if args.name:
+        return args.name
+    if demo:
+        return "v4flash-demo"
+    return getattr(args, "model_repo", None) or path.resolve().name
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    path, demo = resolve_model(args)
+    model, tok = load_model(args, path)  # prints the plan line
+    use_tokenizer(model, tok)
+    name = _served_name(args, path, demo)
+    try:
+        srv = make_server(
+            model,
+            args.host,
+            args.port,
+            name=name,
+            api_key=args.api_key,
+            max_tokens=args.max_tokens,
+            cache_sessions=args.prompt_cache,
+        )
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(
+            f"v4flash: warning: listening on {args.host} without --api-key: anyone who can "
+            "reach this port can use the model",
+            file=sys.stderr,
+        )
+    print(
+        f"v4flash: serving {name} at {srv.url}/v1 (OpenAI API; Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def on_term(signum, frame):  # SIGTERM: stop like Ctrl-C
+        raise KeyboardInterrupt
+
+    old = None
+    if hasattr(signal, "SIGTERM"):
+        try:
+            old = signal.signal(signal.SIGTERM, on_term)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        srv.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.engine.stopping.set()  # running answers end at their next token, queued get 503
+        srv.server_close()
+        done = srv.engine.wait_idle(10.0)
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    print(
+        "v4flash: server stopped" + ("" if done else " (requests still running were cut)"),
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,175 @@
+"""The engine side of the server: one request at a time, first come first served.
+
+Why one at a time: every request uses all compute threads and the whole expert cache, so two
+at once would only share the cores and evict each other's experts (both slower, and the first
+to arrive no longer finishes first); the prompt cache's sessions are also touched by one
+request at a time. :class:`FifoLock` grants the engine in arrival order; a waiter gives up when
+its client leaves or the server stops, and a running answer is cancelled between tokens for
+the same reasons (:meth:`Engine.turn`). Nothing here knows HTTP: the transport (``http``) maps
+:class:`Gone` and :class:`ShuttingDown` to its own answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Optional
+
+from ..textapi.attached import tokenizer_for
+from ..textapi.cache import PromptCache
+
+KEEPALIVE_S = 15.0  # a waiting streamed request hears from the server this often
+
+
+class Gone(Exception):
+    """The client went away."""
+
+
+class ShuttingDown(Exception):
+    """The server stops: a queued request is refused, a running one ended at its next token."""
+
+
+class FifoLock:
+    """A lock granted in arrival order; a waiter can give up (its client left).
+    ``threading.Lock`` makes no fairness promise, hence the explicit queue."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque = deque()
+        self._held = False
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def busy(self) -> bool:
+        with self._cond:
+            return self._held
+
+    def acquire(
+        self,
+        give_up: Callable[[], bool] = lambda: False,
+        poll: float = 0.25,
+        tick: Optional[Callable[[], None]] = None,
+        tick_every: float = KEEPALIVE_S,
+    ) -> bool:
+        """Waits for the lock; False (not held) once ``give_up()`` is true. ``tick`` runs
+        every ``tick_every`` seconds while waiting (outside the internal lock)."""
+        me = object()
+        last_tick = time.monotonic()
+        with self._cond:
+            self._queue.append(me)
+        try:
+            while True:
+                with self._cond:
+                    if self._held or self._queue[0] is not me:
+                        self._cond.wait(poll)
+                    if not self._held and self._queue[0] is me:
+                        self._queue.popleft()
+                        self._held = True
+                        return True
+                if give_up():
+                    return False
+                if tick is not None and time.monotonic() - last_tick >= tick_every:
+                    last_tick = time.monotonic()
+                    tick()
+        finally:
+            with self._cond:
+                if me in self._queue:  # gave up (or tick failed): let the next one go
+                    self._queue.remove(me)
+                    self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+
+class Engine:
+    """What every request shares: the model, its tokenizer, the prompt cache, the FIFO lock
+    that gives the engine to one request at a time, and the server's state (stopping, the
+    requests in flight)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        name: str,
+        api_key: Optional[str] = None,
+        max_tokens: int = 4096,
+        cache_sessions: int = 4,
+        log: Optional[Callable[[str], None]] = None,
+    ):
+        self.model = model
+        self.tok = tokenizer_for(model)
+        self.name = name
+        self.api_key = api_key
+        self.max_tokens = max_tokens
+        self.cache = PromptCache(model, max_sessions=cache_sessions)
+        self.lock = FifoLock()
+        self.stopping = threading.Event()
+        self.created = int(time.time())
+        self._log = log or _stderr_log
+        self._active = 0
+        self._active_cond = threading.Condition()
+        self.requests = 0
+
+    def log(self, line: str) -> None:
+        self._log(line)
+
+    def turn(
+        self,
+        body: Callable[[Callable[[], bool]], Any],
+        gone: Callable[[], bool],
+        tick: Optional[Callable[[], None]] = None,
+    ) -> Any:
+        """Waits for the engine in arrival order, then runs ``body(cancel)`` holding it.
+        ``cancel()`` (polled by the run between tokens) is true once the client is ``gone()``
+        or the server stops; either ends the wait too (:class:`Gone`, :class:`ShuttingDown`).
+        ``tick`` runs every ``KEEPALIVE_S`` while the request waits."""
+        ok = self.lock.acquire(give_up=lambda: gone() or self.stopping.is_set(), tick=tick)
+        if not ok:
+            raise ShuttingDown() if self.stopping.is_set() else Gone()
+        try:
+            return body(lambda: self.stopping.is_set() or gone())
+        finally:
+            self.lock.release()
+
+    def cancelled(self) -> Exception:
+        """Why a run ended "cancelled": the server stops, or the client left."""
+        return ShuttingDown() if self.stopping.is_set() else Gone()
+
+    @contextlib.contextmanager
+    def active(self):
+        with self._active_cond:
+            self._active += 1
+            self.requests += 1
+        try:
+            yield
+        finally:
+            with self._active_cond:
+                self._active -= 1
+                self._active_cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self._active_cond:
+            while self._active:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._active_cond.wait(left)
+        return True
+
+
+_log_lock = threading.Lock()
+
+
+def _stderr_log(line: str) -> None:
+    with _log_lock:
+        print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)

@@ -1,0 +1,191 @@
+"""Requests checked and turned into prompts: :func:`prepare_chat` (messages, tools, tool
+choice, thinking) and :func:`prepare_completion` (raw text or ids) build a :class:`Job`, the
+prompt ids and how to generate, before any work is done: every argument error is a
+``ValueError`` here, so the server can answer it at once, queued or not.
+
+The prompt text is the chat format's (``encoding``, ids by ``tokenizer.encode_prompt_ids``);
+the sampling parameters are the core's rule (``model.sample_params``); the token ids are
+checked by the engine when it reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from ..encoding import encoder_file, tool_call_opening
+from ..model import sample_params
+from ..tokenizer import encode_prompt_ids
+from .attached import tokenizer_for
+from .stream import normalize_stop
+
+
+class ContextLengthError(ValueError):
+    """The prompt cannot fit the model's context (it needs at least one token of room)."""
+
+
+def _integer(v: Any, name: str, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+@dataclass
+class Job:
+    """A checked request: the prompt ids and how to generate. Built by :func:`prepare_chat`
+    or :func:`prepare_completion`; run with :func:`run_job`."""
+
+    model: Any
+    prompt: List[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stops: List[str]
+    mode: str  # "chat" | "thinking" | "raw"
+    parse_tools: bool = True
+    forced_ids: List[int] = field(default_factory=list)  # a tool-call opening to feed
+    forced_text: str = ""
+    forced_after_think: bool = False  # thinking mode: feed forced_ids after </think>
+    cache: Any = True  # True: the model's cache; False: none; or a PromptCache
+
+
+def _generation(
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: Optional[int] = None,
+    stop: Union[None, str, Sequence[str]] = None,
+    cache: Any = True,
+) -> Dict[str, Any]:
+    """The :class:`Job` fields every request has: the sampling parameters, checked (and a
+    seed drawn when None) by the core's one rule, the answer's length, stop strings, cache."""
+    kw: Dict[str, Any] = sample_params(temperature, top_p, top_k, seed)._asdict()
+    kw["max_new_tokens"] = _integer(max_new_tokens, "max_new_tokens", 1)
+    kw["stops"] = normalize_stop(stop)
+    kw["cache"] = cache
+    return kw
+
+
+def _check_context(model: Any, prompt: List[int], extra: int = 0) -> None:
+    ctx = int(model.ctx)
+    if len(prompt) + extra >= ctx:
+        raise ContextLengthError(
+            f"the prompt has {len(prompt) + extra} tokens but the context holds {ctx} "
+            f"(prompt and answer together); shorten the conversation or raise --ctx"
+        )
+
+
+def prepare_chat(
+    model: Any,
+    messages: List[Dict[str, Any]],
+    *,
+    tools: Optional[List[Dict[str, Any]]] = None,
+    tool_choice: Any = None,
+    response_format: Any = None,
+    thinking: bool = False,
+    reasoning_effort: Optional[str] = None,
+    max_new_tokens: int = 1024,
+    **generation: Any,
+) -> Job:
+    """Encodes and checks a chat request (``ValueError`` for anything wrong, before any work;
+    :class:`ContextLengthError` when the prompt cannot fit). ``generation``: ``temperature``,
+    ``top_p``, ``top_k``, ``seed``, ``stop``, ``cache`` (see :func:`~v4flash.textapi.chat`)."""
+    tok = tokenizer_for(model)
+    kw = _generation(max_new_tokens, **generation)
+    if not isinstance(thinking, bool):
+        raise ValueError(f"thinking must be True or False, got {thinking!r}")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of message dicts")
+    if tools is not None and not isinstance(tools, list):
+        raise ValueError("tools must be a list of OpenAI tool objects")
+    forced_text, parse_tools = "", True
+    if tool_choice in (None, "auto"):
+        pass
+    elif tool_choice == "none":
+        tools, parse_tools = None, False
+    else:
+        names = [
+            t["function"].get("name")
+            for t in tools or []
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        ]
+        if not names:
+            raise ValueError("tool_choice asks for a tool call but no tools are given")
+        if tool_choice == "required":
+            forced_text = tool_call_opening()
+        elif (
+            isinstance(tool_choice, dict)
+            and tool_choice.get("type") == "function"
+            and isinstance(tool_choice.get("function"), dict)
+            and isinstance(tool_choice["function"].get("name"), str)
+        ):
+            name = tool_choice["function"]["name"]
+            if name not in names:
+                raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+            forced_text = tool_call_opening(name)
+        else:
+            raise ValueError(
+                "tool_choice must be 'none', 'auto', 'required' or "
+                '{"type": "function", "function": {"name": ...}}'
+            )
+    mode = "thinking" if thinking else "chat"
+    try:
+        prompt = encode_prompt_ids(
+            tok,
+            messages,
+            thinking_mode=mode,
+            reasoning_effort=reasoning_effort,
+            tools=tools or None,
+            response_format=response_format,
+            encoder_path=encoder_file(getattr(model, "path", ".")),
+        )
+    except (TypeError, KeyError, AttributeError) as e:  # odd shapes the encoder did not expect
+        raise ValueError(f"messages could not be encoded: {e}") from None
+    forced_ids = tok.encode(forced_text) if forced_text else []
+    # the prompt ends "<｜Assistant｜><think>" (thinking) or "<｜Assistant｜></think>" (chat)
+    thinks = thinking and bool(prompt) and prompt[-1] == tok.think_id
+    after_think = bool(forced_ids) and thinks
+    if forced_ids and not after_think:
+        prompt = prompt + forced_ids
+    _check_context(model, prompt, len(forced_ids) if after_think else 0)
+    return Job(
+        model=model,
+        prompt=prompt,
+        mode="thinking" if thinks else "chat",
+        parse_tools=parse_tools,
+        forced_ids=forced_ids,
+        forced_text=forced_text,
+        forced_after_think=after_think,
+        **kw,
+    )
+
+
+def prepare_completion(
+    model: Any,
+    prompt: Union[str, Sequence[int]],
+    *,
+    max_new_tokens: int = 256,
+    **generation: Any,
+) -> Job:
+    """Checks a raw completion: ``prompt`` is text (tokenized as is, special-token text
+    included, no BOS added) or a list of token ids; ``generation`` as for
+    :func:`prepare_chat`."""
+    tok = tokenizer_for(model)
+    kw = _generation(max_new_tokens, **generation)
+    if isinstance(prompt, str):
+        ids = tok.encode(prompt)
+    elif isinstance(prompt, (list, tuple)) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in prompt
+    ):
+        ids = list(prompt)
+    else:
+        raise ValueError("prompt must be a string or a list of token ids")
+    if not ids:
+        raise ValueError("the prompt is empty")
+    _check_context(model, ids)
+    return Job(model=model, prompt=ids, mode="raw", **kw)
