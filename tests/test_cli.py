@@ -41,7 +41,7 @@ def test_version():
 COMMANDS = {
     "chat": "interactive chat",
     "run": "answer one prompt",
-    "serve": "OpenAI-compatible HTTP server",
+    "serve": "HTTP server for OpenAI and Anthropic API clients",
     "info": "describe a checkpoint",
     "doctor": "check a checkpoint",
     "bench": "whole-run benchmark",

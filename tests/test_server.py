@@ -376,10 +376,10 @@ def test_a_client_leaving_the_queue_is_skipped(endless):
             lines = r1.iter_lines()  # (a dropped iterator would close the response)
             next(lines)  # the first request holds the engine
             # a second one queues behind it, then gives up
-            s = socket.create_connection(("127.0.0.1", server.srv.server_address[1]))
+            s = socket.create_connection(("127.0.0.1", server.srv.http.port))
             payload = json.dumps({"messages": HELLO, "max_tokens": 5}).encode()
             s.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
             )
             end = time.time() + 10
@@ -539,16 +539,16 @@ def test_another_dialect_is_a_table_of_routes(m):
         return 200
 
     s = Running(m, name="demo")
-    s.srv.RequestHandlerClass.routes[("POST", "/messages")] = Route(messages, shape)
+    s.srv.app.routes[("POST", "/plugged")] = Route(messages, shape)
     try:
         with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
-            r = http.post("/v1/messages", json={})
+            r = http.post("/v1/plugged", json={})
             assert r.status_code == 400
             assert r.json() == {
                 "type": "error",
                 "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
             }
-            r = http.post("/v1/messages", json={"max_tokens": 5})
+            r = http.post("/v1/plugged", json={"max_tokens": 5})
             assert r.text == 'event: message_start\ndata: {"type": "message_start"}\n\n'
     finally:
         s.close()
@@ -584,17 +584,23 @@ def test_bad_requests_at_the_http_level(server, http):
         assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
     assert http.get("/v1/nothing").status_code == 404
     assert http.get("/v1/chat/completions").status_code == 405
-    port = server.srv.server_address[1]
+    port = server.srv.http.port
     for raw, status in [
-        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n", 411),
-        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1e99\r\n\r\n", 400),
-        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 411),
         (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1e99\r\n\r\n",
+            400,
+        ),
+        (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+            400,
+        ),
+        (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99999999999\r\n\r\n",
             413,
         ),
         (b"GARBAGE / x HTTP/1.1\r\n\r\n", 400),
-        (b"DELETE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+        (b"DELETE /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 405),
     ]:
         with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as s:
             s.sendall(raw)

@@ -272,7 +272,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print ids, text and stats as JSON")
 
     serve = sub.add_parser(
-        "serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)"
+        "serve",
+        help="HTTP server for OpenAI and Anthropic API clients",
+        description="HTTP server: OpenAI's chat completions, completions and Responses APIs, "
+        "Anthropic's Messages API, /metrics, /tokenize; it binds its port first, then loads "
+        "the model (/health answers 503 until it is ready).",
     )
     _model_options(serve)
     _engine_options(serve)
@@ -302,6 +306,28 @@ def parser() -> argparse.ArgumentParser:
         default=4,
         metavar="N",
         help="conversations whose state is kept for reuse (4; 0 = off)",
+    )
+    g.add_argument(
+        "--cors",
+        action="append",
+        metavar="ORIGIN",
+        help="let web pages of ORIGIN (e.g. http://localhost:3000; * for any) call the API "
+        "from a browser (repeatable; none by default)",
+    )
+    g.add_argument(
+        "--sse-ping",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="a quiet event stream (a long prefill, a wait in the queue) gets a keep-alive "
+        "every S seconds (10)",
+    )
+    g.add_argument(
+        "--max-body-mb",
+        type=_positive_float,
+        default=8.0,
+        metavar="MB",
+        help="largest request body accepted (8 MiB)",
     )
 
     for name, text in (

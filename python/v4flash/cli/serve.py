@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from ..server import make_server
+from ..server.guard import is_loopback
+from ..server.transport import Limits
 from ..textapi.attached import use_tokenizer
 from .common import CliError, load_model, resolve_model
 
@@ -25,32 +27,30 @@ def _served_name(args: argparse.Namespace, path: Path, demo: bool) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     path, demo = resolve_model(args)
-    model, tok = load_model(args, path)  # prints the plan line
-    use_tokenizer(model, tok)
     name = _served_name(args, path, demo)
-    try:
+    limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)))
+    try:  # bind first: a taken port is said before the model loads, not minutes after
         srv = make_server(
-            model,
+            None,
             args.host,
             args.port,
             name=name,
             api_key=args.api_key,
             max_tokens=args.max_tokens,
             cache_sessions=args.prompt_cache,
+            cors=args.cors or (),
+            ping_every=args.sse_ping,
+            limits=limits,
         )
     except OSError as e:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+    if not is_loopback(args.host) and not args.api_key:
         print(
             f"v4flash: warning: listening on {args.host} without --api-key: anyone who can "
             "reach this port can use the model",
             file=sys.stderr,
         )
-    print(
-        f"v4flash: serving {name} at {srv.url}/v1 (OpenAI API; Ctrl-C stops)",
-        file=sys.stderr,
-        flush=True,
-    )
+    srv.start()  # /health answers 503 "loading" meanwhile
 
     def on_term(signum, frame):  # SIGTERM: stop like Ctrl-C
         raise KeyboardInterrupt
@@ -61,14 +61,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             old = signal.signal(signal.SIGTERM, on_term)
         except ValueError:  # not the main thread
             pass
+    done = True
     try:
+        model, tok = load_model(args, path)  # prints the plan line
+        use_tokenizer(model, tok)
+        srv.engine.set_model(model)
+        print(
+            f"v4flash: serving {name} at {srv.url}/v1 (OpenAI, Anthropic and Responses APIs; "
+            "Ctrl-C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
         srv.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        srv.engine.stopping.set()  # running answers end at their next token, queued get 503
-        srv.server_close()
-        done = srv.engine.wait_idle(10.0)
+        done = srv.shutdown(10.0)  # running answers end at their next token, queued get 503
         if old is not None:
             signal.signal(signal.SIGTERM, old)
     print(

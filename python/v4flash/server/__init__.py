@@ -1,45 +1,39 @@
-"""``v4flash serve``: an HTTP server on the text-level API, OpenAI-compatible.
+"""``v4flash serve``: an HTTP server on the text-level API for the clients people run: OpenAI's
+chat completions, completions and Responses, Anthropic's Messages, and the operations side
+(health, metrics, tokenize).
 
-Three layers, each its own module, so that another API (another dialect) or another HTTP
-stack is a new module rather than a change everywhere:
+Layers, each its own module, so that another API (another dialect) or another HTTP stack is a
+new module rather than a change everywhere:
 
+* the **transport** (``transport``): an asyncio HTTP/1.1 server on one thread that bounds every
+  resource a client can hold (connections, the time a request may take to arrive, body size,
+  unread output, queued work) and notices a client that left whatever it sent before;
+* the **glue** (``http``): routing, the checks made on a request's head (``guard``: API key,
+  Host, Origin, content type), CORS, JSON and server-sent events, keep-alive pings, the log
+  and the metrics (``metrics``);
 * the **engine** (``engine``): the model, its prompt cache and a FIFO lock that gives the
-  engine to one request at a time, in arrival order; cancellation when a client leaves or
-  the server stops; no HTTP in it;
-* the **transport** (``http``): HTTP parsing and limits, the API key, routing, JSON and
-  server-sent events, disconnect detection, the request log; no API in it;
-* the **dialects**: ``openai`` (chat completions, completions, models; its request fields in
-  ``openai_fields``), each a table of routes to endpoints, errors in its own shape
-  (``errors.ApiError``).
+  engine to one request at a time, in arrival order; cancellation; no HTTP in it;
+* the **dialects**: ``openai`` (chat completions, completions, models; its fields in
+  ``openai_fields``), ``responses`` (OpenAI Responses), ``anthropic`` (Messages), ``ops``
+  (health, metrics, tokenize); each a table of routes, errors in its own shape. The chat
+  dialects share one request form and one runner (``chat_request``).
 
-Each connection gets a thread that parses and checks its request (errors are answered with a
-4xx at once, queued or not), then waits its turn for the engine. ``GET /health`` is the
-server's own: no API key, no log line.
+The server binds its port before the model loads (``make_server(None, …)`` then
+``engine.set_model``): a taken port is reported at once, and ``/health`` answers 503
+"loading" until the model is ready.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from . import openai
+from . import anthropic, openai, ops, responses
 from .engine import Engine
-from .http import Exchange, Route, Server, Server6
+from .guard import Guard
+from .http import PING_S, App, Route, Server
+from .transport import Limits
 
-DIALECTS = (openai,)  # the first one's error shape answers what no route owns (404, …)
-
-
-def health(x: Exchange) -> int:
-    e = x.engine
-    doc = {
-        "status": "stopping" if e.stopping.is_set() else "ok",
-        "model": e.name,
-        "busy": e.lock.busy,
-        "queued": e.lock.waiting,
-        "requests": e.requests,
-        "prompt_cache": e.cache.stats(),
-    }
-    x.send_json(200, doc)
-    return 200
+DIALECTS = (openai, responses, anthropic, ops)  # openai's error shape answers the rest
 
 
 def make_server(
@@ -51,34 +45,31 @@ def make_server(
     api_key: Optional[str] = None,
     max_tokens: int = 4096,
     cache_sessions: int = 4,
+    cors: Sequence[str] = (),
+    ping_every: float = PING_S,
+    limits: Optional[Limits] = None,
+    responses_kept: int = 256,
     log: Optional[Callable[[str], None]] = None,
 ) -> Server:
-    """A bound, not yet serving, server (call ``serve_forever``; ``shutdown`` +
-    ``server_close`` to stop). ``port=0`` picks a free port (see ``server.url``)."""
+    """A bound, not yet serving, server (``serve_forever()`` or ``start()``; ``stop`` ends
+    it). ``port=0`` picks a free port (see ``server.url``). ``model`` may be None while it
+    loads: set it with ``server.engine.set_model``."""
     engine = Engine(
         model,
-        name=name or model.path.name,
-        api_key=api_key,
+        name=name or (model.path.name if model is not None else "model"),
         max_tokens=max_tokens,
         cache_sessions=cache_sessions,
         log=log,
     )
-    default = DIALECTS[0].error_body
-    routes: Dict[Tuple[str, str], Route] = {("GET", "/health"): Route(health, default, True)}
+    engine.responses = responses.ResponseStore(responses_kept)
+    routes: Dict[Tuple[str, str], Route] = {}
     for dialect in DIALECTS:
         routes.update(dialect.ROUTES)
-    bound = {"engine": engine, "routes": routes, "error_body": staticmethod(default)}
-    handler = type("BoundExchange", (Exchange,), bound)
-    cls = Server6 if ":" in host else Server
-    srv = cls((host, port), handler)
-    srv.engine = engine
-    return srv
+    app = App(engine, routes, openai.error_body, Guard(host, api_key, cors), ping_every)
+    return Server(app, host, port, limits or Limits())
 
 
 def stop(srv: Server, grace: float = 10.0) -> bool:
-    """Stops a server that runs in another thread: running generations end at their next
-    token, queued requests get 503; True when every request finished within ``grace``."""
-    srv.engine.stopping.set()
-    srv.shutdown()
-    srv.server_close()
-    return srv.engine.wait_idle(grace)
+    """Stops a server: running generations end at their next token, queued requests get 503;
+    True when every request finished within ``grace``."""
+    return srv.shutdown(grace)

@@ -100,17 +100,20 @@ class Engine:
         model: Any,
         *,
         name: str,
-        api_key: Optional[str] = None,
         max_tokens: int = 4096,
         cache_sessions: int = 4,
         log: Optional[Callable[[str], None]] = None,
     ):
-        self.model = model
-        self.tok = tokenizer_for(model)
         self.name = name
-        self.api_key = api_key
         self.max_tokens = max_tokens
-        self.cache = PromptCache(model, max_sessions=cache_sessions)
+        self.cache_sessions = cache_sessions
+        self.model: Any = None
+        self.tok: Any = None
+        self.cache: Any = None
+        self.ready = threading.Event()
+        self.responses: Any = None  # responses kept for previous_response_id (make_server)
+        if model is not None:
+            self.set_model(model)
         self.lock = FifoLock()
         self.stopping = threading.Event()
         self.created = int(time.time())
@@ -118,6 +121,13 @@ class Engine:
         self._active = 0
         self._active_cond = threading.Condition()
         self.requests = 0
+
+    def set_model(self, model: Any) -> None:
+        """The model is loaded: requests may use it (until then they get a 503, "loading")."""
+        self.model = model
+        self.tok = tokenizer_for(model)
+        self.cache = PromptCache(model, max_sessions=self.cache_sessions)
+        self.ready.set()
 
     def log(self, line: str) -> None:
         self._log(line)

@@ -1,58 +1,43 @@
-"""The transport: HTTP/1.1 on the standard library's ``ThreadingHTTPServer``, one thread per
-connection.
+"""The glue between the transport (``transport``: connections, limits, deadlines) and the
+dialects (``openai``, ``anthropic``, ``responses``, ``ops``): routing, the checks made on a
+request's head (``guard``: API key, Host, Origin, content type), CORS preflights, JSON and
+server-sent events, keep-alive pings, the request log and the metrics.
 
-It parses requests and enforces the limits (a JSON body with a Content-Length, at most
-``MAX_BODY`` bytes), checks the API key, routes a request to its dialect's endpoint, writes
-JSON answers and server-sent events (chunked), notices a client that went away (between
-tokens and while queued), answers every error in the shape of the dialect that owns the
-route, and logs one line per request. It knows no API: the dialects (``openai``, …) are
-functions of an :class:`Exchange` (this handler) listed in a route table. Why the standard
-library: no runtime dependency, SSE is a few lines of chunked writes, and the engine runs one
-request at a time anyway (``engine``), so an async stack would buy nothing.
+A dialect's endpoint is a function of an :class:`Exchange` listed in a route table; it reads
+and writes only through it (:meth:`Exchange.read_json`, :meth:`send_json`, :meth:`start_sse` /
+:meth:`event` / :meth:`chunk` / :meth:`end_chunks`, :meth:`turn` for the engine), and raises
+``ApiError`` for anything wrong, which is answered in the route's own error shape.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
-import select
-import socket
-import sys
+import threading
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
-from urllib.parse import urlsplit
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import __version__
 from .engine import Engine, Gone, ShuttingDown
 from .errors import ApiError
-
-MAX_BODY = 32 << 20  # bytes of JSON per request
+from .guard import Guard
+from .metrics import Metrics
+from .transport import Gone as TransportGone
+from .transport import HttpServer, Limits, Request, Responder, safe
 
 ErrorBody = Callable[[ApiError], Dict[str, Any]]
+PING_S = 10.0  # a quiet stream gets a keep-alive ping this often (--sse-ping)
 
 
 class Route(NamedTuple):
     """An endpoint: ``endpoint(exchange)`` answers and returns the status; errors are written
     as ``error_body`` makes them (the dialect's shape). ``open``: no API key needed, and no
-    line in the log (a health check)."""
+    line in the log (a health check, the web page)."""
 
     endpoint: Callable[[Exchange], int]
     error_body: ErrorBody
     open: bool = False
-
-
-def peer_closed(sock: socket.socket) -> bool:
-    """True when the client has closed its side (readable with nothing to read)."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except (OSError, ValueError):
-        return True
 
 
 def as_api_error(exc: BaseException, engine: Engine, where: str) -> ApiError:
@@ -65,113 +50,44 @@ def as_api_error(exc: BaseException, engine: Engine, where: str) -> ApiError:
     return ApiError(500, f"internal error: {exc}", kind="server_error")
 
 
-class Exchange(BaseHTTPRequestHandler):
-    """One connection's requests; what an endpoint reads and writes through.
+def normalize(path: str) -> str:
+    """A request path as the route tables name it: ``/v1/x`` → ``/x``, no trailing slash."""
+    if len(path) > 1:
+        path = path.rstrip("/")
+    return path[3:] if path.startswith("/v1/") else path
 
-    For endpoints: :meth:`read_json`, :meth:`send_json`, :meth:`start_sse` / :meth:`event` /
-    :meth:`chunk` / :meth:`end_chunks`, :meth:`turn` (the engine, in arrival order),
-    :meth:`finished` (a run's end, for the log), ``engine``, ``route`` and ``info`` (what the
-    request's log line tells)."""
 
-    protocol_version = "HTTP/1.1"
-    server_version = f"v4flash/{__version__}"
-    timeout = 120  # seconds a connection may stay silent (idle keep-alive, slow client)
-    disable_nagle_algorithm = True  # small SSE writes go out at once (no ~40 ms ACK waits)
-    # set on the subclass that make_server builds
-    engine: Engine
-    routes: Dict[Tuple[str, str], Route]
-    error_body: ErrorBody  # for errors outside any route (bad request line, 404, …)
+class Exchange:
+    """One request, as an endpoint sees it; ``info`` is what its log line tells."""
 
-    # --- writing -------------------------------------------------------------------------
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib name)
-        pass  # one line per request comes from _log_request instead
-
-    def log_error(self, format: str, *args: Any) -> None:  # noqa: A002
-        self.engine.log(f"{self.address_string()} {format % args}")
-
-    def send_error(self, code: int, message: Optional[str] = None, explain: Any = None) -> None:
-        """Protocol-level errors (bad request line, unknown method, …) as JSON too."""
-        short = self.responses.get(code, ("error", ""))[0]
-        self.close_connection = True
-        with contextlib.suppress(Gone):
-            self.send_json(code, self.error_body(ApiError(code, message or short)))
-
-    def send_json(self, status: int, doc: Any, headers: Optional[Dict[str, str]] = None) -> None:
-        data = json.dumps(doc, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self._write(data)
-
-    def _write(self, data: bytes) -> None:
-        try:
-            self.wfile.write(data)
-        except OSError:  # reset, broken pipe, timeout: the client is gone
-            self.close_connection = True
-            raise Gone() from None
-
-    def _error(self, e: ApiError, render: ErrorBody) -> None:
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-        self.send_json(e.status, render(e), headers)
-
-    # --- server-sent events ----------------------------------------------------------------
-
-    def start_sse(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def chunk(self, data: bytes) -> None:
-        self._write(b"%x\r\n%s\r\n" % (len(data), data))
-
-    def event(self, doc: Any, name: Optional[str] = None) -> None:
-        """One event holding ``doc`` as JSON (``data:``), of type ``name`` if given
-        (``event:``; OpenAI's streams name none)."""
-        head = b"event: %s\n" % name.encode("utf-8") if name else b""
-        data = json.dumps(doc, ensure_ascii=False).encode("utf-8")
-        self.chunk(head + b"data: " + data + b"\n\n")
-
-    def end_chunks(self) -> None:
-        """The end of a streamed body."""
-        self._write(b"0\r\n\r\n")
+    def __init__(self, app: App, req: Request, resp: Responder):
+        self.app = app
+        self.engine = app.engine
+        self.req = req
+        self.resp = resp
+        self.path = req.target
+        self.route = normalize(req.path)
+        self.method = "GET" if req.method == "HEAD" else req.method
+        self.info: Dict[str, Any] = {}
+        self.ping_frame = b": ping\n\n"
+        self.last_write = time.monotonic()
+        self._write_lock = threading.Lock()
 
     # --- reading -------------------------------------------------------------------------
+    def header(self, name: str) -> str:
+        return self.req.header(name)
 
-    def gone(self) -> bool:
-        return peer_closed(self.connection)
+    def query(self) -> Dict[str, str]:
+        from urllib.parse import parse_qsl
+
+        return dict(parse_qsl(self.req.query))
 
     def read_json(self) -> Dict[str, Any]:
-        if self.headers.get("Transfer-Encoding", "").lower() not in ("", "identity"):
-            self.close_connection = True
-            raise ApiError(411, "send the body with a Content-Length (no chunked uploads)")
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self.close_connection = True
-            raise ApiError(411, "a JSON body with a Content-Length header is required")
-        try:
-            n = int(length)
-        except ValueError:
-            self.close_connection = True
-            raise ApiError(400, f"bad Content-Length {length!r}") from None
-        if n < 0:
-            self.close_connection = True
-            raise ApiError(400, f"bad Content-Length {length!r}")
-        if n > MAX_BODY:
-            self.close_connection = True
-            raise ApiError(413, f"the body must be at most {MAX_BODY} bytes (got {n})")
-        raw = self.rfile.read(n)
-        self._body_read = True
-        if len(raw) < n:
-            self.close_connection = True
-            raise Gone()
+        """The body as a JSON object; the raw bytes are let go at once (a queued request
+        keeps only what it needs)."""
+        raw, self.req.body = self.req.body, b""
+        if not raw:
+            raise ApiError(400, "a JSON body is required")
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as e:
@@ -180,91 +96,76 @@ class Exchange(BaseHTTPRequestHandler):
             raise ApiError(400, "the body must be a JSON object")
         return body
 
-    def _authorized(self) -> bool:
-        key = self.engine.api_key
-        if not key:
-            return True
-        got = self.headers.get("Authorization", "")
-        scheme, _, token = got.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), key.encode()
-        )
+    def gone(self) -> bool:
+        return self.req.gone.is_set()
 
-    def _route(self) -> str:
-        path = urlsplit(self.path).path
-        if len(path) > 1:
-            path = path.rstrip("/")
-        return path[3:] if path.startswith("/v1/") else path
+    # --- writing -------------------------------------------------------------------------
+    def send_json(self, status: int, doc: Any, headers: Optional[Dict[str, str]] = None) -> None:
+        data = json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        self.send(status, data, "application/json; charset=utf-8", headers)
 
-    def _find(self, method: str) -> Route:
-        """The route of this request: exact, else a ``/prefix/*`` one; 405 / 404 else."""
-        r = self.routes.get((method, self.route))
-        if r is None:  # /models/{id}: an id may hold slashes (a repo id)
-            r = next(
-                (
-                    v
-                    for (m, p), v in self.routes.items()
-                    if m == method and p.endswith("/*") and self.route.startswith(p[:-1])
-                ),
-                None,
-            )
-        if r is None:
-            other = "POST" if method == "GET" else "GET"
-            if (other, self.route) in self.routes:
-                raise ApiError(405, f"use {other} for {self.path}")
-            raise ApiError(404, f"no such endpoint: {method} {self.path}")
-        return r
-
-    # --- dispatch ------------------------------------------------------------------------
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def _dispatch(self, method: str) -> None:
-        t0 = time.perf_counter()
-        self.route = self._route()
-        self.info: Dict[str, Any] = {}
-        self._body_read = False
-        status, render = 200, self.error_body
-        # a health check is not logged (nor is a wrong method on its path)
-        logged = not any(r.open and p == self.route for (_, p), r in self.routes.items())
+    def send(
+        self,
+        status: int,
+        data: bytes,
+        ctype: str,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> None:
         try:
-            with self.engine.active():
-                r = self._find(method)
-                render = r.error_body
-                if not r.open and not self._authorized():
-                    raise ApiError(
-                        401, "missing or wrong API key (Authorization: Bearer KEY)", code="auth"
-                    )
-                status = r.endpoint(self) or 200
-        except (Gone, ConnectionError):
-            status = 499  # nginx's "client closed request"
-            self.close_connection = True
-        except Exception as exc:  # ApiError, ShuttingDown, or a bug: say so, keep serving
-            e = as_api_error(exc, self.engine, f"internal error on {method} {self.path}")
-            status = e.status
-            if isinstance(exc, (ApiError, ShuttingDown)):
-                self.info.setdefault("error", e.message)
-            else:
-                self.close_connection = True
-            if method == "POST" and not self._body_read:
-                self.close_connection = True  # the unread body would be taken for a request
+            self.resp.send(status, data, ctype, list((headers or {}).items()))
+        except TransportGone:
+            raise Gone() from None
+
+    def start_sse(self, ping: Optional[bytes] = None) -> None:
+        """Starts a stream of server-sent events; while it is quiet for ``--sse-ping``
+        seconds (a long prefill, a wait in the queue), ``ping`` is sent (an SSE comment by
+        default; Anthropic's stream has its own ``ping`` event)."""
+        if ping is not None:
+            self.ping_frame = ping
+        try:
+            self.resp.start_stream(200, "text/event-stream; charset=utf-8")
+        except TransportGone:
+            raise Gone() from None
+        self.app.pinger.add(self)
+
+    def chunk(self, data: bytes) -> None:
+        """Part of a stream. Once the client is gone nothing is written; the run notices it
+        between tokens (its ``cancel``) and ends there, so the log still tells how far the
+        answer got."""
+        with self._write_lock:
+            if self.gone():
+                return
+            try:
+                self.resp.write(data)
+            except TransportGone:
+                self.req.gone.set()
+                return
+            self.last_write = time.monotonic()
+
+    def event(self, doc: Any, name: Optional[str] = None) -> None:
+        """One event holding ``doc`` as JSON (``data:``), of type ``name`` if given."""
+        head = b"event: %s\n" % name.encode("utf-8") if name else b""
+        data = json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        self.chunk(head + b"data: " + data + b"\n\n")
+
+    def ping_if_quiet(self, every: float) -> None:
+        if time.monotonic() - self.last_write >= every and not self.gone():
             with contextlib.suppress(Gone):
-                self._error(e, render)
-        if logged:
-            self._log_request(method, status, time.perf_counter() - t0)
+                self.chunk(self.ping_frame)
+
+    def end_chunks(self) -> None:
+        """The end of a streamed body."""
+        self.app.pinger.remove(self)
+        with self._write_lock:
+            with contextlib.suppress(TransportGone):
+                self.resp.end()
 
     # --- the engine turn -----------------------------------------------------------------
-
     def turn(self, param: str, stream: bool, body: Callable[[Callable[[], bool]], Any]) -> Any:
-        """Runs ``body(cancel)`` holding the engine (``Engine.turn``), a streamed request
-        keeping its connection alive while it waits. The engine's refusal of the input
-        (``ValueError``, e.g. a token id out of the vocabulary) is a 400 about ``param``."""
+        """Runs ``body(cancel)`` holding the engine (``Engine.turn``). The engine's refusal of
+        the input (``ValueError``, e.g. a token id out of the vocabulary) is a 400 about
+        ``param``."""
         q0 = time.perf_counter()
-        tick = (lambda: self.chunk(b": queued\n\n")) if stream else None
 
         def timed(cancel: Callable[[], bool]) -> Any:
             self.info["queue_s"] = time.perf_counter() - q0
@@ -274,7 +175,7 @@ class Exchange(BaseHTTPRequestHandler):
                 raise ApiError(400, str(err), param=param) from None
 
         try:
-            return self.engine.turn(timed, self.gone, tick)
+            return self.engine.turn(timed, self.gone)
         finally:
             self.info.setdefault("queue_s", time.perf_counter() - q0)
 
@@ -286,9 +187,152 @@ class Exchange(BaseHTTPRequestHandler):
         if end["finish_reason"] == "cancelled":
             raise self.engine.cancelled()
 
-    def _log_request(self, method: str, status: int, total: float) -> None:
-        i = self.info
-        parts = [f"{method} {self.path} {status}"]
+
+class Pinger:
+    """One thread for the whole server that pings every quiet event stream."""
+
+    def __init__(self, every: float):
+        self.every = every
+        self._streams: set[Exchange] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, x: Exchange) -> None:
+        with self._lock:
+            self._streams.add(x)
+            if self._thread is None and self.every > 0:
+                self._thread = threading.Thread(target=self._run, name="v4flash-ping", daemon=True)
+                self._thread.start()
+
+    def remove(self, x: Exchange) -> None:
+        with self._lock:
+            self._streams.discard(x)
+
+    def _run(self) -> None:
+        tick = min(1.0, self.every / 4)
+        while not self._stop.wait(tick):
+            with self._lock:
+                streams = list(self._streams)
+            for x in streams:
+                x.ping_if_quiet(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class App:
+    """Routes requests to the dialects' endpoints; the transport calls :meth:`handle` on a
+    worker thread, :meth:`precheck` on the event loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        routes: Dict[Tuple[str, str], Route],
+        default_error: ErrorBody,
+        guard: Guard,
+        ping_every: float = PING_S,
+    ):
+        self.engine = engine
+        self.routes = routes
+        self.default_error = default_error
+        self.guard = guard
+        self.metrics = Metrics()
+        self.pinger = Pinger(ping_every)
+
+    def find(self, method: str, route: str) -> Route:
+        """The route of a request: exact, else a ``/prefix/*`` one; 405 / 404 else."""
+        r = self.routes.get((method, route))
+        if r is None:  # /models/{id}: an id may hold slashes (a repo id)
+            r = next(
+                (
+                    v
+                    for (m, p), v in self.routes.items()
+                    if m == method and p.endswith("/*") and route.startswith(p[:-1])
+                ),
+                None,
+            )
+        if r is None:
+            others = sorted({m for (m, p) in self.routes if p == route})
+            if others:
+                raise ApiError(405, f"use {' or '.join(others)} for {route}")
+            raise ApiError(404, f"no such endpoint: {method} {route}")
+        return r
+
+    def _route_of(self, req: Request) -> Optional[Route]:
+        method = "GET" if req.method in ("HEAD", "OPTIONS") else req.method
+        try:
+            return self.find(method, normalize(req.path))
+        except ApiError:
+            if req.method == "OPTIONS":
+                for m in ("POST", "DELETE"):
+                    with contextlib.suppress(ApiError):
+                        return self.find(m, normalize(req.path))
+            return None
+
+    # --- the transport's hooks -----------------------------------------------------------
+    def precheck(self, req: Request) -> Optional[Tuple[int, str]]:
+        r = self._route_of(req)
+        return self.guard.refusal(req, bool(r and r.open))
+
+    def error_bytes(self, status: int, message: str, req: Optional[Request]) -> bytes:
+        r = self._route_of(req) if req is not None else None
+        render = r.error_body if r is not None else self.default_error
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        code = "auth" if status == 401 else None
+        doc = render(ApiError(status, message, code=code, kind=kind))
+        if req is not None:
+            self._log(req, status, {"error": message}, 0.0)
+        return json.dumps(doc).encode()
+
+    def cors_headers(self, req: Optional[Request]) -> List[Tuple[str, str]]:
+        return self.guard.cors_headers(req)
+
+    def handle(self, req: Request, resp: Responder) -> None:
+        t0 = time.perf_counter()
+        x = Exchange(self, req, resp)
+        # a health check is not logged (nor is a wrong method on its path)
+        logged = not any(r.open and p == x.route for (_, p), r in self.routes.items())
+        status, render = 200, self.default_error
+        try:
+            with self.engine.active():
+                if req.method == "OPTIONS":
+                    status = 204
+                    resp.send(204, b"", headers=self.guard.preflight_headers(req))
+                    return
+                r = self.find(x.method, x.route)
+                render = r.error_body
+                if not r.open and not self.engine.ready.is_set():
+                    raise ApiError(
+                        503,
+                        "the model is still loading; /health says when it is ready",
+                        kind="server_error",
+                    )
+                status = r.endpoint(x) or 200
+        except (Gone, TransportGone, ConnectionError):
+            status = 499  # nginx's "client closed request"
+            req.gone.set()
+        except Exception as exc:  # ApiError, ShuttingDown, or a bug: say so, keep serving
+            e = as_api_error(exc, self.engine, f"internal error on {req.method} {safe(x.path)}")
+            status = e.status
+            x.info.setdefault("error", e.message)
+            headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+            if not resp.started:
+                resp.close_after()  # an error ends the connection: the client starts afresh
+                with contextlib.suppress(Gone, TransportGone):
+                    x.send_json(e.status, render(e), headers)
+            else:
+                req.gone.set()  # a broken stream: end the connection
+        finally:
+            self.pinger.remove(x)
+        if logged:
+            self._log(req, status, x.info, time.perf_counter() - t0)
+
+    def _log(self, req: Request, status: int, i: Dict[str, Any], total: float) -> None:
+        self.metrics.request(
+            normalize(req.path), status, i.get("usage"), dict(i.get("timings") or {}, **_q(i))
+        )
+        parts = [f"{req.method} {safe(req.target)} {status}"]
         if "usage" in i:
             u = i["usage"]
             t = i.get("timings") or {}
@@ -303,28 +347,54 @@ class Exchange(BaseHTTPRequestHandler):
         elif i.get("note"):
             parts.append(i["note"])
         if i.get("error") and status >= 400:
-            parts.append(str(i["error"])[:200])
+            parts.append(safe(str(i["error"]), 200))
         parts.append(f"{total:.2f}s")
         self.engine.log(" · ".join(parts))
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True  # a stuck client never blocks exit
-    allow_reuse_address = True
-    engine: Engine
+def _q(i: Dict[str, Any]) -> Dict[str, Any]:
+    return {"queue_s": i.get("queue_s", 0)}
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError, Gone)):
-            return  # a client that went away between requests
-        self.engine.log(f"error on a connection from {client_address}:\n{traceback.format_exc()}")
+
+class Server:
+    """The bound server: ``serve_forever()`` serves on the calling thread until ``stop``."""
+
+    def __init__(self, app: App, host: str, port: int, limits: Limits):
+        self.app = app
+        self.engine = app.engine
+        self.http = HttpServer(
+            app.handle,
+            host,
+            port,
+            limits,
+            precheck=app.precheck,
+            error_body=app.error_bytes,
+            cors_headers=app.cors_headers,
+            log=app.engine.log,
+        )
+        self.url = self.http.url
+        self._done = threading.Event()
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serves (if ``start`` did not already) and waits until ``shutdown``."""
+        self.start()
+        while not self._done.wait(poll_interval):
+            pass
+
+    def start(self) -> Server:
+        """Serves on the transport's own thread (so that the command's main thread can load
+        the model meanwhile); at most once."""
+        if self.http.loop is None:
+            self.http.start()
+        return self
+
+    def shutdown(self, grace: float = 10.0) -> bool:
+        self.engine.stopping.set()
+        self.app.pinger.stop()
+        clean = self.http.stop(grace)
+        self._done.set()
+        return clean and self.engine.wait_idle(0.1)
 
     @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else host
-        return f"http://{host}:{port}"
-
-
-class Server6(Server):
-    address_family = socket.AF_INET6
+    def version(self) -> str:
+        return __version__

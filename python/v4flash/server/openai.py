@@ -9,7 +9,6 @@ in its turn (``Exchange.turn``) and writes the answer as OpenAI's JSON or chunks
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -18,11 +17,10 @@ from .. import __version__
 from ..textapi.api import collect_chat, collect_completion
 from ..textapi.prompts import ContextLengthError, Job, prepare_chat, prepare_completion
 from ..textapi.results import Usage
-from ..textapi.run import run_job
 from . import openai_fields as fields
-from .engine import Gone
+from .chat_request import collected, streamed
 from .errors import ApiError
-from .http import Exchange, Route, as_api_error
+from .http import Exchange, Route
 
 
 def error_body(e: ApiError) -> Dict[str, Any]:
@@ -47,44 +45,36 @@ def _prepare(param: str, prepare: Callable[[], Job]) -> Job:
         raise ApiError(400, str(err), param=param, code="context_length_exceeded") from None
 
 
-def _collected(x: Exchange, param: str, collect: Callable[[Job, Any], Any], job: Job) -> Any:
-    """Runs a job to the end in its turn (a JSON answer): the result."""
-    r = x.turn(param, False, lambda cancel: collect(job, cancel))
-    end = {"usage": r.usage, "timings": r.timings, "finish_reason": r.finish_reason}
-    x.finished(end, False)
-    return r
-
-
 def _streamed(
-    x: Exchange, param: str, job: Job, before: Callable[[], None], on: Callable[[str, Any], None]
+    x: Exchange,
+    param: str,
+    job: Job,
+    before: Callable[[], None],
+    on: Callable[[str, Any], None],
+    progress: Optional[Callable[[int, int, int], None]] = None,
 ) -> Tuple[Optional[Dict[str, Any]], int]:
-    """Runs a streamed job in its turn: ``before()`` first, then ``on(kind, value)`` for each
-    event but the end. The headers are out, so an error becomes an error event that ends the
-    stream: ``(end, 200)`` or ``(None, status)``."""
+    """``chat_request.streamed`` with OpenAI's error event (and ``[DONE]``)."""
 
-    def run(cancel: Callable[[], bool]) -> Dict[str, Any]:
-        before()
-        end: Dict[str, Any] = {}
-        with contextlib.closing(run_job(job, cancel)) as events:
-            for kind, value in events:
-                if kind == "end":
-                    end = value
-                else:
-                    on(kind, value)
-        return end
+    def error_event(err: ApiError) -> None:
+        x.event(error_body(err))
+        _done(x)
 
-    try:
-        end = x.turn(param, True, run)
-        x.finished(end, True)
-        return end, 200
-    except Gone:
-        raise
-    except Exception as exc:  # an engine failure (e.g. a read error) too: say it, go on
-        error = as_api_error(exc, x.engine, f"error during {x.path}")
-    x.info["error"] = error.message
-    x.event(error_body(error))
-    _done(x)
-    return None, error.status
+    return streamed(x, param, job, before, on, error_event, progress)
+
+
+def _progress(x: Exchange, head: Dict[str, Any], body: Dict[str, Any]):
+    """llama.cpp's ``return_progress``: a chunk with ``prompt_progress`` as the prompt
+    prefills (``{total, cache, processed, time_ms}``)."""
+    if fields.field(body, "return_progress", (bool,), "true or false") is not True:
+        return None
+    t0 = time.perf_counter()
+
+    def report(done: int, total: int, cached: int) -> None:
+        ms = int((time.perf_counter() - t0) * 1000)
+        doc = {"total": total, "cache": cached, "processed": done, "time_ms": ms}
+        x.event(dict(head, choices=[], prompt_progress=doc))
+
+    return report
 
 
 def _done(x: Exchange) -> None:
@@ -133,7 +123,7 @@ def chat_completions(x: Exchange) -> int:
     head = {"id": rid, "created": int(time.time()), "model": e.name}
     head["system_fingerprint"] = f"v4flash-{__version__}"
     if not stream:
-        r = _collected(x, "messages", collect_chat, job)
+        r = collected(x, "messages", collect_chat, job)
         msg: Dict[str, Any] = {"role": "assistant", "content": r.content}
         if thinking:
             msg["reasoning_content"] = r.reasoning
@@ -163,6 +153,7 @@ def chat_completions(x: Exchange) -> int:
         job,
         lambda: chunk({"role": "assistant", "content": ""}),
         lambda kind, value: chunk(delta_of[kind](value)) if kind in delta_of else None,
+        _progress(x, head, body),
     )
     if end is None:
         return status
@@ -212,7 +203,7 @@ def completions(x: Exchange) -> int:
         return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
     if not stream:
-        r = _collected(x, "prompt", collect_completion, job)
+        r = collected(x, "prompt", collect_completion, job)
         doc = dict(
             head, choices=[choice(echoed + r.text, r.finish_reason)], usage=usage_json(r.usage)
         )

@@ -51,6 +51,7 @@ class Job:
     forced_text: str = ""
     forced_after_think: bool = False  # thinking mode: feed forced_ids after </think>
     cache: Any = True  # True: the model's cache; False: none; or a PromptCache
+    reasoning_budget: Optional[int] = None  # thinking mode: at most this many reasoning tokens
 
 
 def _generation(

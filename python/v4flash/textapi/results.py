@@ -52,6 +52,7 @@ class ChatResult:
     timings: Dict[str, Any] = field(default_factory=dict)
     text: str = ""  # the generated text as decoded (cut at a stop string)
     ids: List[int] = field(default_factory=list)  # the generated token ids
+    stop_string: Optional[str] = None  # the stop string that ended the answer, if one did
 
     @property
     def message(self) -> Dict[str, Any]:
@@ -82,3 +83,4 @@ class CompletionResult:
     usage: Usage
     timings: Dict[str, Any] = field(default_factory=dict)
     ids: List[int] = field(default_factory=list)
+    stop_string: Optional[str] = None

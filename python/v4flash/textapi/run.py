@@ -36,14 +36,22 @@ def _cache_of(job: Job) -> Optional[PromptCache]:
     raise ValueError("cache must be True, False or a PromptCache")
 
 
-def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, Any]]:
-    """Runs a job; yields ``(kind, value)`` events: ``"reasoning"`` / ``"content"`` /
+def run_job(
+    job: Job,
+    cancel: Optional[Cancel] = None,
+    progress: Optional[Callable[[int, int, int], None]] = None,
+) -> Iterator[Tuple[str, Any]]:
+    """Runs a job; yields ``(kind, value)`` events: ``"start"`` with ``{"prompt_tokens",
+    "cached_tokens"}`` once the prompt cache has been consulted, ``"reasoning"`` / ``"content"`` /
     ``"text"`` (raw mode) with text, ``"tool_call"`` with a call, and finally ``"end"`` with
-    ``{"finish_reason", "usage", "timings", "ids", "text"}``.
+    ``{"finish_reason", "usage", "timings", "ids", "text", "stop_string"}``.
 
     ``cancel()`` is polled between prefill chunks and between tokens; when it returns True the
-    run ends with ``finish_reason="cancelled"``. Closing the iterator early is fine too: the
-    session goes back to the cache either way.
+    run ends with ``finish_reason="cancelled"``. ``progress(done, total, cached)`` is called
+    during the prefill (prompt tokens done of total, those taken from the cache included).
+    Closing the iterator early is fine too: the session goes back to the cache either way.
+    A job's ``reasoning_budget`` caps the reasoning: when it is spent, ``</think>`` is fed
+    and the answer follows.
     """
     model, tok = job.model, tokenizer_for(job.model)
     cache = _cache_of(job)
@@ -64,10 +72,14 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
         def check(done: int, total: int) -> None:
             if cancel():
                 raise _PrefillCancelled
+            if progress is not None and total:
+                n = cut - cached
+                progress(cached + min(n, n * done // total), len(prompt), cached)
 
         if cancel():
             yield "end", _end("cancelled", job, cached, [], 0, 0, t0, None, None, "")
             return
+        yield "start", {"prompt_tokens": len(prompt), "cached_tokens": cached}
         if cut > cached:
             try:
                 sess.feed(prompt[cached:cut], progress=check)
@@ -91,6 +103,7 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
         feed = prompt[cut:]
         extra_prompt = 0
         pending_force = job.forced_after_think
+        think_budget = job.reasoning_budget if in_reasoning else None
         t_first: Optional[float] = None
         finish: Optional[str] = None
 
@@ -108,7 +121,7 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
             yield from splitter.push(job.forced_text)
 
         while finish is None:
-            inject = False
+            inject = close_think = False
             stream = sess.stream(
                 feed,
                 max_new_tokens=budget - len(ids),
@@ -138,13 +151,32 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
                     if cancel():
                         finish = "cancelled"
                         break
-                    if inject or len(ids) >= budget:
+                    if in_reasoning and think_budget is not None and len(ids) >= think_budget:
+                        close_think = True
+                    if inject or close_think or len(ids) >= budget:
                         break
             finally:
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
-            if finish is None and inject and len(ids) < budget:
+            if finish is None and close_think and len(ids) < budget:
+                # the reasoning budget is spent: close the reasoning, the answer follows
+                in_reasoning = False
+                reasoning_tokens = len(ids)
+                yield from route(matcher.push(dec.push(tok.end_think_id)))
+                feed = [tok.end_think_id]
+                if pending_force:
+                    pending_force = False
+                    yield from route(matcher.push(dec.flush()))
+                    yield from route(matcher.flush())
+                    shown.append(job.forced_text)
+                    yield from splitter.push(job.forced_text)
+                    feed += list(job.forced_ids)
+                extra_prompt += len(feed)
+                budget = min(budget, room - extra_prompt)
+                if budget <= len(ids):
+                    finish = "length"
+            elif finish is None and inject and len(ids) < budget:
                 # tool_choice forces a call: after the reasoning, feed the block's opening
                 pending_force = False
                 yield from route(matcher.push(dec.flush()))
@@ -152,8 +184,8 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
                 shown.append(job.forced_text)
                 yield from splitter.push(job.forced_text)
                 feed = list(job.forced_ids)
-                extra_prompt = len(feed)
-                budget = min(budget, room - len(feed))  # prompt + answer + opening <= ctx
+                extra_prompt += len(feed)
+                budget = min(budget, room - extra_prompt)  # prompt + answer + opening <= ctx
                 if budget <= len(ids):
                     finish = "length"
             elif finish is None:
@@ -180,6 +212,7 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
                 t_prefill,
                 t_first,
                 "".join(shown),
+                matcher.stopped,
             ),
         )
     finally:
@@ -187,7 +220,19 @@ def run_job(job: Job, cancel: Optional[Cancel] = None) -> Iterator[Tuple[str, An
             cache.checkin(lease)
 
 
-def _end(finish, job, cached, ids, reasoning_tokens, extra_prompt, t0, t_prefill, t_first, text):
+def _end(
+    finish,
+    job,
+    cached,
+    ids,
+    reasoning_tokens,
+    extra_prompt,
+    t0,
+    t_prefill,
+    t_first,
+    text,
+    stop=None,
+):
     t_end = time.perf_counter()
     n = len(ids)
     decode_s = (t_end - t_first) if t_first is not None else None
@@ -203,4 +248,11 @@ def _end(finish, job, cached, ids, reasoning_tokens, extra_prompt, t0, t_prefill
         cached_tokens=cached,
         reasoning_tokens=reasoning_tokens,
     )
-    return {"finish_reason": finish, "usage": usage, "timings": timings, "ids": ids, "text": text}
+    return {
+        "finish_reason": finish,
+        "usage": usage,
+        "timings": timings,
+        "ids": ids,
+        "text": text,
+        "stop_string": stop,
+    }
