@@ -585,18 +585,19 @@ def test_bad_requests_at_the_http_level(server, http):
     assert http.get("/v1/nothing").status_code == 404
     assert http.get("/v1/chat/completions").status_code == 405
     port = server.srv.http.port
+    h = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     for raw, status in [
-        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 411),
+        (h + b"\r\n", 411),
         (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1e99\r\n\r\n",
+            h + b"Content-Length: 1e99\r\n\r\n",
             400,
         ),
         (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+            h + b"Content-Length: -5\r\n\r\n",
             400,
         ),
         (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99999999999\r\n\r\n",
+            h + b"Content-Length: 99999999999\r\n\r\n",
             413,
         ),
         (b"GARBAGE / x HTTP/1.1\r\n\r\n", 400),
