@@ -168,9 +168,11 @@ def _tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Any]:
             _need(isinstance(t.get("name"), str), f"tools[{i}] needs a string 'name'")
             schema = t.get("input_schema", {"type": "object", "properties": {}})
             _need(isinstance(schema, dict), f"tools[{i}].input_schema must be an object")
-            fn: Dict[str, Any] = {"name": t["name"], "parameters": schema}
+            # {name, description, parameters}: the order chat's tools render in
+            fn: Dict[str, Any] = {"name": t["name"]}
             if isinstance(t.get("description"), str):
                 fn["description"] = t["description"]
+            fn["parameters"] = schema
             converted.append({"type": "function", "function": fn})
     choice = body.get("tool_choice")
     if choice is None:

@@ -91,7 +91,7 @@ class Guard:
 
     def preflight_headers(self, req: Request) -> List[Tuple[str, str]]:
         asked = req.header("access-control-request-headers")
-        return self.cors_headers(req) + [
+        return [  # the response adds Access-Control-Allow-Origin (cors_headers) itself
             ("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"),
             ("Access-Control-Allow-Headers", asked or "authorization, content-type, x-api-key"),
             ("Access-Control-Max-Age", "600"),

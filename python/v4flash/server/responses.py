@@ -195,9 +195,11 @@ def parse_request(
             if t.get("type") != "function":
                 continue  # web_search, image_generation, namespace, …: not available here
             _need(isinstance(t.get("name"), str), f"tools[{i}] needs a string 'name'")
-            fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object"}}
+            # {name, description, parameters}: the order chat's tools render in
+            fn: Dict[str, Any] = {"name": t["name"]}
             if isinstance(t.get("description"), str):
                 fn["description"] = t["description"]
+            fn["parameters"] = t.get("parameters") or {"type": "object"}
             fns.append({"type": "function", "function": fn})
         req.tools = fns or None
     choice = body.get("tool_choice")

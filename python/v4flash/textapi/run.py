@@ -88,6 +88,8 @@ def run_job(
                 return
         if cut > cached and cache is not None:
             lease.entry.add_snapshot(cut, sess.snapshot())
+        if progress is not None:  # the prompt is in (its last token goes with the first step)
+            progress(len(prompt), len(prompt), cached)
         t_prefill = time.perf_counter()
 
         raw = job.mode == "raw"
