@@ -7,8 +7,9 @@ use crate::checkpoint::expected::{is_drafter, is_routed_expert};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-use crate::model::DEFAULT_CTX;
 
+/// Context length when none is given: the memory plan reserves session state for it.
+pub const DEFAULT_CTX: usize = 65536;
 /// Python, libraries, thread stacks and allocator slack, counted against the budget.
 pub const OVERHEAD_BYTES: u64 = 400 << 20;
 /// Tokens per prefill chunk (bounds the scratch buffers).

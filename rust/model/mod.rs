@@ -63,9 +63,6 @@ pub struct Counters {
     pub guess_needed: AtomicU64,
 }
 
-/// Context length when none is given: the memory plan reserves session state for it.
-pub const DEFAULT_CTX: usize = 65536;
-
 pub struct LoadOptions {
     pub threads: Option<usize>,
     /// Budget for the whole process's resident memory, in bytes.
@@ -75,7 +72,8 @@ pub struct LoadOptions {
     pub io_threads: usize,
     /// Bytes of routed experts held in memory (at least one expert).
     pub expert_cache_bytes: Option<u64>,
-    /// Context length (tokens per session); defaults to min(max_position_embeddings, DEFAULT_CTX).
+    /// Context length (tokens per session); defaults to min(max_position_embeddings,
+    /// `plan::DEFAULT_CTX`).
     pub ctx: Option<usize>,
     /// How activations meet the weights (`kernels::Numerics`).
     pub numerics: Numerics,

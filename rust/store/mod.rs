@@ -37,11 +37,10 @@ use io::{IoMode, ShardFile};
 use mmap::MmapStore;
 use policy::Policy;
 use region::Region;
-use slots::Shared;
+use slots::{Job, Shared};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
-use worker::Job;
 
 pub use layout::slot_size;
 

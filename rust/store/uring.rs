@@ -15,8 +15,8 @@
 //!   store reports the engine that actually runs.
 
 use super::layout::ReadOp;
-use super::slots::Shared;
-use super::worker::{check_scales, io_worker, read_op, record_time, Job};
+use super::slots::{Job, Shared};
+use super::worker::{check_scales, io_worker, read_op, record_time};
 use crate::error::Error;
 use io_uring::{opcode, types, IoUring};
 use std::sync::atomic::Ordering;
