@@ -13,12 +13,14 @@ __all__ = [
     "V4FlashError",
     "NUMERICS",
     "PUBLISHED_CONFIG",
+    "CONFIG_KEYS",
     "kernel_tier",
     "bf16_products",
     "fast_products",
     "open_checkpoint",
     "inspect_checkpoint",
     "validate_config",
+    "config_json",
     "expected_tensors",
     "drafter_tensors",
     "is_routed_expert",
@@ -40,6 +42,7 @@ _Path = str | PathLike[str]
 __version__: str
 NUMERICS: tuple[str, ...]
 PUBLISHED_CONFIG: str
+CONFIG_KEYS: tuple[str, ...]
 
 class V4FlashError(Exception):
     """A checkpoint or config that v4flash cannot use."""
@@ -49,6 +52,7 @@ def bf16_products() -> bool: ...
 def fast_products() -> str: ...
 def open_checkpoint(path: _Path) -> int: ...
 def validate_config(source: _Path | dict[str, Any]) -> dict[str, Any]: ...
+def config_json(summary: dict[str, Any]) -> dict[str, Any]: ...
 def expected_tensors(
     source: _Path | dict[str, Any],
 ) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]: ...

@@ -13,6 +13,12 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(validate_config, m)?)?;
+    m.add_function(wrap_pyfunction!(config_json, m)?)?;
+    // every key of validate_config's summary (Python's `Config` has one field per key)
+    m.add(
+        "CONFIG_KEYS",
+        PyTuple::new(m.py(), crate::config::summary_keys())?,
+    )?;
     m.add_function(wrap_pyfunction!(expected_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(drafter_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(is_routed_expert, m)?)?;
@@ -32,7 +38,7 @@ fn open_checkpoint(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
 
 /// A config given as a path to a config.json (str or os.PathLike), read as the engine reads
 /// it, or as a parsed JSON value (a dict, as `json.load` returns).
-fn config_json(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<Value> {
+fn source_json(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<Value> {
     if source.is_instance_of::<PyString>() || source.hasattr("__fspath__")? {
         let path: PathBuf = source.extract()?;
         return py.detach(|| crate::config::read_json(&path)).map_err(to_py);
@@ -142,11 +148,21 @@ fn validate_config<'py>(
     py: Python<'py>,
     source: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let v = config_json(py, source)?;
+    let v = source_json(py, source)?;
     let (_, summary) = crate::config::validate_json(&v).map_err(to_py)?;
     let d = json_to_py(py, &summary)?;
     d.set_item("raw", json_to_py(py, &v)?)?;
     Ok(d)
+}
+
+/// A summary (`validate_config`'s keys) as a config.json the core accepts as it is
+/// (`config::config_json`).
+#[pyfunction]
+fn config_json<'py>(py: Python<'py>, summary: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
+    match py_to_json(summary.as_any(), 0)? {
+        Value::Object(o) => json_to_py(py, &crate::config::config_json(&o)),
+        _ => Err(to_py(Error::config("the top level must be a JSON object"))),
+    }
 }
 
 /// Every tensor the engine reads for a config (given as `validate_config` takes it), as
@@ -157,7 +173,7 @@ fn expected_tensors<'py>(
     py: Python<'py>,
     source: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let v = config_json(py, source)?;
+    let v = source_json(py, source)?;
     let c = crate::config::ModelConfig::from_json(&v).map_err(to_py)?;
     table_rows(py, &crate::checkpoint::expected::expected_tensors(&c))
 }
@@ -169,7 +185,7 @@ fn drafter_tensors<'py>(
     py: Python<'py>,
     source: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let v = config_json(py, source)?;
+    let v = source_json(py, source)?;
     let c = crate::config::ModelConfig::from_json(&v).map_err(to_py)?;
     table_rows(py, &crate::checkpoint::expected::drafter_tensors(&c))
 }

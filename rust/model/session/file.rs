@@ -113,56 +113,6 @@ pub fn xxh64(b: &[u8]) -> u64 {
 
 // --- what a file belongs to ---------------------------------------------------------------
 
-/// A float the config stores as f32, as the JSON number of its shortest decimal.
-fn f32_value(x: f32) -> Value {
-    let d: f64 = format!("{x}").parse().unwrap_or(f64::from(x));
-    Value::from(d)
-}
-
-/// The config values a session's state and logits depend on, named as config.json names
-/// them, in a fixed order.
-fn model_values(c: &ModelConfig) -> Vec<(&'static str, Value)> {
-    let ratios: Vec<usize> = c.layer_kinds.iter().map(|k| k.ratio()).collect();
-    let yarn = match &c.yarn {
-        None => Value::Null,
-        Some(y) => json!({
-            "factor": y.factor,
-            "original_max_position_embeddings": y.original_max_position_embeddings,
-            "beta_fast": y.beta_fast,
-            "beta_slow": y.beta_slow,
-        }),
-    };
-    vec![
-        ("vocab_size", c.vocab_size.into()),
-        ("hidden_size", c.hidden_size.into()),
-        ("num_hidden_layers", c.num_layers.into()),
-        ("compress_ratios", ratios.into()),
-        ("num_attention_heads", c.num_heads.into()),
-        ("head_dim", c.head_dim.into()),
-        ("qk_rope_head_dim", c.rope_dim.into()),
-        ("q_lora_rank", c.q_lora_rank.into()),
-        ("o_groups", c.o_groups.into()),
-        ("o_lora_rank", c.o_lora_rank.into()),
-        ("sliding_window", c.sliding_window.into()),
-        ("index_n_heads", c.index_n_heads.into()),
-        ("index_head_dim", c.index_head_dim.into()),
-        ("index_topk", c.index_topk.into()),
-        ("n_routed_experts", c.n_routed_experts.into()),
-        ("num_experts_per_tok", c.experts_per_tok.into()),
-        ("moe_intermediate_size", c.moe_inter.into()),
-        ("num_hash_layers", c.num_hash_layers.into()),
-        ("routed_scaling_factor", f32_value(c.routed_scaling_factor)),
-        ("swiglu_limit", f32_value(c.swiglu_limit)),
-        ("rope_theta", c.rope_theta.into()),
-        ("compress_rope_theta", c.compress_rope_theta.into()),
-        ("rope_scaling", yarn),
-        ("hc_mult", c.hc_mult.into()),
-        ("hc_sinkhorn_iters", c.hc_sinkhorn_iters.into()),
-        ("hc_eps", f32_value(c.hc_eps)),
-        ("rms_norm_eps", f32_value(c.rms_norm_eps)),
-    ]
-}
-
 /// XXH64 of the tensor table: for every tensor but `mtp.*`, sorted by name, the name, a 0
 /// byte, the dtype name, a 0 byte, the rank and each dimension as u64 (shards and offsets do
 /// not count: a re-sharded copy of the same tensors is the same checkpoint).
@@ -325,7 +275,9 @@ impl<W: Write> HashWriter<W> {
 
 /// The header of a file for `m` (see the module comment).
 fn header(m: &Model, parts: &Parts) -> Value {
-    let model: Map<String, Value> = model_values(&m.cfg)
+    let model: Map<String, Value> = m
+        .cfg
+        .identity_values()
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
@@ -623,7 +575,7 @@ fn check_identity(path: &Path, m: &Model, h: &Map<String, Value>) -> Result<()> 
         return bad("the header has no \"model\" object (not a v4flash session file?)".into());
     };
     let mut diffs = Vec::new();
-    for (k, mine) in model_values(&m.cfg) {
+    for (k, mine) in m.cfg.identity_values() {
         match saved.get(k) {
             Some(v) if same(v, &mine) => {}
             Some(v) => diffs.push(format!("{k} {}, this one has {}", show(v), show(&mine))),
