@@ -67,8 +67,9 @@ pub struct Yarn {
 
 /// Defines `ModelConfig` from its table of config.json keys (each: field, type, key, reader
 /// and its arguments, whether a session file's identity holds it) and its derived fields, and
-/// from the table alone: `KEYS`, the reading of every key in table order (`Keys::read`), the
+/// from the table alone: `KEYS`, the reading of every key in table order (`read_keys`), the
 /// keys' part of the summary (`key_summary`) and the session identity (`identity_values`).
+/// The derived fields are computed from the keys (`from_json`).
 macro_rules! model_config {
     (
         $(#[$meta:meta])*
@@ -100,26 +101,14 @@ macro_rules! model_config {
         /// Which of `KEYS` a session file's identity holds.
         const IDENTITY: &[bool] = &[$($identity),*];
 
-        /// The table's values, read before the derived fields exist.
-        struct Keys {
-            $($field: $ty,)*
-        }
-
-        impl Keys {
-            /// Every key of the table, in its order, each by its own reader.
-            fn read(o: &Map<String, Value>) -> Result<Keys> {
-                Ok(Keys {
-                    $($field: $read(o, $key $(, $arg)*)?,)*
-                })
-            }
-        }
-
         impl ModelConfig {
-            fn from_keys(k: Keys, $($dfield: $dty),*) -> ModelConfig {
-                ModelConfig {
-                    $($field: k.$field,)*
-                    $($dfield,)*
-                }
+            /// Every key of the table, in its order, each by its own reader; the derived
+            /// fields left empty.
+            fn read_keys(o: &Map<String, Value>) -> Result<ModelConfig> {
+                Ok(ModelConfig {
+                    $($field: $read(o, $key $(, $arg)*)?,)*
+                    $($dfield: <$dty>::default(),)*
+                })
             }
 
             /// The table's keys as the summary holds them (`KeyValue::summary`); `o` is the
@@ -389,16 +378,16 @@ impl ModelConfig {
             }
             None => return Err(Error::config("missing key \"model_type\" (expected \"deepseek_v4\")")),
         }
-        let k = Keys::read(o)?;
-        if k.compress_ratios.len() < k.num_layers {
+        let mut c = ModelConfig::read_keys(o)?;
+        if c.compress_ratios.len() < c.num_layers {
             return Err(Error::config(format!(
                 "\"compress_ratios\" has {} entries, expected at least num_hidden_layers ({}): \
                  one per layer (entries after those belong to the drafter)",
-                k.compress_ratios.len(),
-                k.num_layers
+                c.compress_ratios.len(),
+                c.num_layers
             )));
         }
-        let layer_kinds = k.compress_ratios[..k.num_layers]
+        c.layer_kinds = c.compress_ratios[..c.num_layers]
             .iter()
             .map(|&m| match m {
                 0 => LayerKind::Sliding,
@@ -424,10 +413,9 @@ impl ModelConfig {
                 )));
             }
         }
-        let c = ModelConfig::from_keys(k, layer_kinds, Drafter::None);
         c.check()?;
-        let drafter = drafter::drafter(o, &c)?;
-        Ok(ModelConfig { drafter, ..c })
+        c.drafter = drafter::drafter(o, &c)?;
+        Ok(c)
     }
 
     fn check(&self) -> Result<()> {

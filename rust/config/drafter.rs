@@ -8,14 +8,13 @@ use serde_json::{Map, Value};
 
 /// The drafter a checkpoint carries besides the model, as its config describes it. Its tensors
 /// are listed by `checkpoint::expected::drafter_tensors`; the engine reads none of them yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Drafter {
+    #[default]
     None,
     /// The first release's multi-token-prediction block(s) `mtp.0..` (`e_proj`, `h_proj`,
     /// `enorm`, `hnorm`): `num_nextn_predict_layers` of them.
-    Mtp {
-        blocks: usize,
-    },
+    Mtp { blocks: usize },
     /// The 0731 release's DSpark drafter (`dspark_*` keys): stages `mtp.0..`, one per
     /// `compress_ratios` entry after the layers.
     DSpark(DSpark),
