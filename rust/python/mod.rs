@@ -4,8 +4,9 @@
 
 use crate::error::Error;
 use crate::kernels::Numerics;
-use crate::model::generate::{Generation, Session as CoreSession, Snapshot as CoreSnapshot};
+use crate::model::generate::{Generation, Session as CoreSession};
 use crate::model::sample::SampleParams;
+use crate::model::session::Snapshot as CoreSnapshot;
 use crate::model::{LoadOptions, Model as CoreModel, Want};
 use crate::plan::Plan;
 use crate::store::io::IoMode;

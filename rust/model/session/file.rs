@@ -882,7 +882,7 @@ mod tests {
         assert!(a.last_logits().is_some());
     }
 
-    fn round_trip(s: &Session, at: Option<&crate::model::generate::Snapshot>) -> Session {
+    fn round_trip(s: &Session, at: Option<&crate::model::session::Snapshot>) -> Session {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("s.v4session");
         let meta = json!({"note": "hi", "n": [1, 2]});
