@@ -319,8 +319,9 @@ pub fn config_json(summary: &Map<String, Value>) -> Value {
     let mut o: Map<String, Value> = summary
         .iter()
         .filter(|(k, v)| {
-            !DERIVED_KEYS.contains(&k.as_str())
-                && !(DSPARK_KEYS.contains(&k.as_str()) && v.is_null())
+            let derived = DERIVED_KEYS.contains(&k.as_str());
+            let unset_dspark = DSPARK_KEYS.contains(&k.as_str()) && v.is_null();
+            !(derived || unset_dspark)
         })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
