@@ -4,6 +4,8 @@
 //! overlap halves), and rollback truncates. `file` saves a state to disk and reads it back.
 
 pub mod file;
+mod format;
+mod identity;
 
 use super::attention::AttnState;
 use super::compressor::CompState;
