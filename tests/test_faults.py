@@ -145,6 +145,47 @@ def test_bad_load_arguments(kw, words):
     assert words in str(ei.value)
 
 
+def test_load_options_are_the_cores_one_list():
+    """v4flash.load and plan take the core's options (LoadOptions::set): an unknown name is a
+    TypeError naming the options, a wrong kind a ValueError naming the option."""
+    from v4flash import _core
+
+    assert set(_core.LOAD_OPTIONS) >= {"ram_gb", "threads", "ctx", "io", "prefault"}
+    for call in (v4flash.load, v4flash.plan):
+        with pytest.raises(TypeError, match='unknown option "ram_bytes"') as ei:
+            call(FIXTURES / "tiny-a", ram_bytes=10**9)
+        assert all(name in str(ei.value) for name in _core.LOAD_OPTIONS)
+        with pytest.raises(ValueError, match="prefault must be True or False, got 1"):
+            call(FIXTURES / "tiny-a", prefault=1)
+        with pytest.raises(ValueError, match="io_threads must be >= 1, got 0"):
+            call(FIXTURES / "tiny-a", io_threads=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+        model_for("tiny-a").generate([0, 3], max_new_tokens=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer, got None"):
+        model_for("tiny-a").generate([0, 3], max_new_tokens=None)
+
+
+def test_the_switches_in_force_are_reported(monkeypatch):
+    """stats() and plan() report the tuning (kernels, products, the per-model switches); a
+    per-model switch given to load wins over the environment."""
+    from v4flash import _core
+
+    monkeypatch.setenv("V4FLASH_PREFAULT", "1")
+    m = v4flash.load(FIXTURES / "tiny-a", expert_cache_mb=1e-6, prefault=False, lookahead=False)
+    st, plan = m.stats(), m.plan()
+    assert st["tuning"] == plan["tuning"]
+    t = st["tuning"]
+    assert (t["prefault"], t["lookahead"], t["io_uring"]) == (False, False, True)
+    assert t["kernels"] == _core.kernel_tier() == st["kernel_tier"]
+    assert t["bf16_products"] == _core.bf16_products()
+    assert t["fast_products"] == _core.fast_products()
+    assert st["lookahead"] is False and st["prefaulted_slots"] == 0
+    monkeypatch.setenv("V4FLASH_IO_URING", "0")
+    assert _core.tuning()["io_uring"] is False
+    assert v4flash.plan(FIXTURES / "tiny-a", ram_gb=2)["tuning"]["io_uring"] is False
+    assert v4flash.plan(FIXTURES / "tiny-a", ram_gb=2, io_uring=True)["tuning"]["io_uring"]
+
+
 @pytest.mark.parametrize("ram_gb", [1e-6, 1e9])
 def test_ram_budget_too_small_or_absurd(ram_gb):
     with pytest.raises((MemoryError, ValueError)) as ei:

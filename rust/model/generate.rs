@@ -301,8 +301,8 @@ mod tests {
     fn load(ctx: Option<usize>) -> Arc<Model> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-a");
         let opts = LoadOptions {
-            threads: Some(1),
-            ctx,
+            threads: std::num::NonZeroUsize::new(1),
+            ctx: ctx.and_then(std::num::NonZeroUsize::new),
             ..LoadOptions::default()
         };
         Arc::new(Model::load(&dir, &opts).expect("the tiny-a fixture loads"))

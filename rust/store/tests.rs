@@ -276,7 +276,7 @@ fn two_model_callers_on_a_small_cache_do_not_deadlock() {
             Model::load(
                 &fixture("tiny-b"),
                 &LoadOptions {
-                    threads: Some(2),
+                    threads: std::num::NonZeroUsize::new(2),
                     expert_cache_bytes: Some(62_914), // 0.06 MiB: 3 slots
                     ..LoadOptions::default()
                 },

@@ -19,8 +19,8 @@ fn dir(name: &str) -> PathBuf {
 
 fn load_model(dir: &Path, numerics: Numerics, ctx: Option<usize>) -> Arc<Model> {
     let opts = LoadOptions {
-        threads: Some(1),
-        ctx,
+        threads: std::num::NonZeroUsize::new(1),
+        ctx: ctx.and_then(std::num::NonZeroUsize::new),
         numerics,
         ..LoadOptions::default()
     };
