@@ -183,6 +183,8 @@ def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:
 
 MEM_PROBE_BYTES = 256 << 20  # well past any last-level cache, and quick
 DISK_PROBE_BYTES = 1 << 30  # as bench measures it
+
+
 def _cgroup_cpu_quota(
     root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup"
 ) -> Optional[float]:
