@@ -150,33 +150,49 @@ mod tests {
     use super::*;
     use crate::args::Given;
 
-    fn set(name: &str, given: Given, shown: &str) -> Result<LoadOptions> {
-        LoadOptions::from_args([(name, Arg::new(given, shown))])
+    /// An argument as Python gives it, from its repr: True, False, None, an integer, a float,
+    /// 'text'.
+    fn py(shown: &str) -> Arg {
+        let given = match shown {
+            "True" => Given::Bool(true),
+            "False" => Given::Bool(false),
+            "None" => Given::Absent,
+            t if t.starts_with('\'') => Given::Text(t.trim_matches('\'').into()),
+            t => t
+                .parse::<i128>()
+                .map(Given::Int)
+                .or_else(|_| t.parse::<f64>().map(Given::Float))
+                .unwrap_or(Given::Other),
+        };
+        Arg::new(given, shown)
     }
 
-    fn err(name: &str, given: Given, shown: &str) -> String {
-        match set(name, given, shown) {
-            Ok(_) => panic!("{name}={shown} was accepted"),
-            Err(e) => e.to_string(),
-        }
+    fn options(args: &[(&str, &str)]) -> Result<LoadOptions> {
+        LoadOptions::from_args(args.iter().map(|&(name, shown)| (name, py(shown))))
     }
 
     #[test]
     fn every_option_is_checked_and_converted() {
-        let o = LoadOptions::from_args([
-            ("ram_gb", Arg::new(Given::Float(2.5), "2.5")),
-            ("threads", Arg::new(Given::Int(3), "3")),
-            ("expert_cache_mb", Arg::new(Given::Float(1e-6), "1e-06")),
-            ("ctx", Arg::new(Given::Int(64), "64")),
-            ("io", Arg::new(Given::Text("mmap".into()), "'mmap'")),
-            ("cache_policy", Arg::new(Given::Text("lru".into()), "'lru'")),
-            ("io_threads", Arg::new(Given::Int(2), "2")),
-            ("numerics", Arg::new(Given::Text("fast".into()), "'fast'")),
-            ("lookahead", Arg::new(Given::Bool(false), "False")),
-            ("prefault", Arg::new(Given::Bool(false), "False")),
-            ("io_uring", Arg::new(Given::Bool(false), "False")),
-        ])
-        .unwrap();
+        let given = [
+            ("ram_gb", "2.5"),
+            ("threads", "3"),
+            ("expert_cache_mb", "1e-06"),
+            ("ctx", "64"),
+            ("io", "'mmap'"),
+            ("cache_policy", "'lru'"),
+            ("io_threads", "2"),
+            ("numerics", "'fast'"),
+            ("lookahead", "False"),
+            ("prefault", "False"),
+            ("io_uring", "False"),
+        ];
+        let names: Vec<&str> = given.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            LoadOptions::NAMES,
+            "every option, in the documented order"
+        );
+        let o = options(&given).unwrap();
         assert_eq!(o.ram_bytes, Some(2_500_000_000));
         assert_eq!(o.threads.map(|t| t.get()), Some(3));
         assert_eq!(
@@ -189,8 +205,7 @@ mod tests {
         assert_eq!((o.io_threads.get(), o.numerics), (2, Numerics::Fast));
         assert!(!o.tuning.lookahead && !o.tuning.prefault && !o.tuning.io_uring);
         // absent values keep the defaults
-        let d =
-            LoadOptions::from_args([("threads", Arg::absent()), ("io", Arg::absent())]).unwrap();
+        let d = options(&[("threads", "None"), ("io", "None")]).unwrap();
         assert_eq!(
             (d.threads, d.io, d.io_threads.get()),
             (None, IoMode::Direct, 8)
@@ -200,86 +215,48 @@ mod tests {
     #[test]
     fn bad_values_are_refused_naming_the_option() {
         let cases = [
-            ("threads", Given::Int(0), "0", "threads must be >= 1, got 0"),
-            (
-                "threads",
-                Given::Float(1.5),
-                "1.5",
-                "threads must be an integer, got 1.5",
-            ),
-            ("ctx", Given::Int(0), "0", "ctx must be >= 1, got 0"),
-            (
-                "io_threads",
-                Given::Int(0),
-                "0",
-                "io_threads must be >= 1, got 0",
-            ),
+            ("threads", "0", "threads must be >= 1, got 0"),
+            ("threads", "1.5", "threads must be an integer, got 1.5"),
+            ("ctx", "0", "ctx must be >= 1, got 0"),
+            ("io_threads", "0", "io_threads must be >= 1, got 0"),
             (
                 "ram_gb",
-                Given::Int(0),
                 "0",
                 "ram_gb must be a positive number of gigabytes, got 0",
             ),
+            ("ram_gb", "nan", "ram_gb must be a positive number"),
             (
                 "ram_gb",
-                Given::Float(f64::NAN),
-                "nan",
-                "ram_gb must be a positive number",
-            ),
-            (
-                "ram_gb",
-                Given::Text("24".into()),
                 "'24'",
-                "ram_gb must be a number of gigabytes",
+                "ram_gb must be a number of gigabytes, got '24'",
             ),
+            ("ram_gb", "1000000000.0", "ram_gb = 1000000000.0 is absurd"),
             (
                 "ram_gb",
-                Given::Float(1e9),
-                "1000000000.0",
-                "ram_gb = 1000000000.0 is absurd",
-            ),
-            (
-                "ram_gb",
-                Given::Bool(true),
                 "True",
                 "ram_gb must be a number of gigabytes, got True",
             ),
             (
                 "expert_cache_mb",
-                Given::Int(-1),
                 "-1",
                 "expert_cache_mb must be a positive number",
             ),
             (
                 "io",
-                Given::Text("fast".into()),
                 "'fast'",
-                "io must be direct, buffered or mmap",
+                "io must be direct, buffered or mmap, got \"fast\"",
             ),
-            (
-                "cache_policy",
-                Given::Text("x".into()),
-                "'x'",
-                "policy must be freq-decay or lru",
-            ),
-            (
-                "numerics",
-                Given::Text("fp4".into()),
-                "'fp4'",
-                "numerics must be exact",
-            ),
-            (
-                "prefault",
-                Given::Int(0),
-                "0",
-                "prefault must be True or False, got 0",
-            ),
+            ("cache_policy", "'x'", "policy must be freq-decay or lru"),
+            ("numerics", "'fp4'", "numerics must be exact"),
+            ("prefault", "0", "prefault must be True or False, got 0"),
         ];
-        for (name, given, shown, want) in cases {
-            let e = err(name, given, shown);
-            assert!(e.contains(want), "{name}={shown}: want {want:?} in {e:?}");
+        for (name, shown, want) in cases {
+            match options(&[(name, shown)]) {
+                Ok(_) => panic!("{name}={shown} was accepted"),
+                Err(e) => assert!(e.to_string().contains(want), "{name}={shown}: {e}"),
+            }
         }
-        match set("thread", Given::Int(1), "1") {
+        match options(&[("thread", "1")]) {
             Err(Error::UnknownOption(m)) => assert!(m.contains("\"thread\""), "{m}"),
             _ => panic!("an unknown option was accepted"),
         }

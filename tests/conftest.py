@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -17,6 +18,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 FIXTURE_NAMES = ["tiny-a", "tiny-b"]
+
+
+def copy_fixture(tmp_path: Path, name: str = "tiny-a") -> Path:
+    """A writable copy of fixture ``name`` in ``tmp_path`` (for tests that damage one)."""
+    d = tmp_path / name
+    shutil.copytree(FIXTURES / name, d)
+    for p in d.iterdir():
+        p.chmod(0o644)
+    return d
 
 
 def bench_module(name: str):

@@ -17,18 +17,10 @@ import numpy as np
 import pytest
 
 import v4flash
-from conftest import FIXTURES, model_for
+from conftest import FIXTURES, copy_fixture, model_for
 
 S1 = "model-00001-of-00002.safetensors"
 S2 = "model-00002-of-00002.safetensors"
-
-
-def _copy_fixture(tmp_path, name="tiny-a") -> Path:
-    d = tmp_path / name
-    shutil.copytree(FIXTURES / name, d)
-    for p in d.iterdir():
-        p.chmod(0o644)
-    return d
 
 
 # ------------------------------------------------------------------------- runtime inputs
@@ -269,7 +261,7 @@ def test_separate_sessions_run_concurrently_with_the_same_results():
 
 
 def test_shard_truncated_after_load_then_restored_in_place(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     case_ids = [0, 17, 42, 99, 3, 250, 7]
     good = model_for("tiny-a")
     want_logits = good.logits(case_ids)
@@ -301,7 +293,7 @@ def test_shard_truncated_after_load_then_restored_in_place(tmp_path):
 def test_shard_replaced_by_a_new_copy_after_a_fault(tmp_path):
     """Restoring by copying the file back (a new inode) also works: the reader reopens the
     path, checks that it is the same shard (size and header) and retries."""
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     ids = [0, 17, 42, 99, 3]
     want = model_for("tiny-a").logits(ids)
     m = v4flash.load(d, expert_cache_mb=1e-6)
@@ -321,7 +313,7 @@ def test_shard_replaced_by_a_new_copy_after_a_fault(tmp_path):
 def test_a_different_file_at_the_shard_path_is_not_used(tmp_path):
     """After a fault the reader only switches to a file that is the same shard: a different
     file (here: the other shard renamed) is refused and the original error stays."""
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     m = v4flash.load(d, expert_cache_mb=1e-6)
     os.truncate(d / S2, 4096)
     (d / S2).unlink()
@@ -331,7 +323,7 @@ def test_a_different_file_at_the_shard_path_is_not_used(tmp_path):
 
 
 def test_deleted_shard_keeps_working_through_the_open_handle(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     ids = [0, 5, 9]
     m = v4flash.load(d, expert_cache_mb=1e-6)
     (d / S2).unlink()
@@ -420,7 +412,7 @@ def _hashes(d: Path):
 
 
 def test_checkpoint_files_are_unchanged_after_load_generate_and_errors(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     before = _hashes(d)
     for p in d.iterdir():
         p.chmod(0o444)  # a read-only copy must load (nothing asks for write access)
@@ -443,7 +435,7 @@ def test_checkpoint_files_are_unchanged_after_load_generate_and_errors(tmp_path)
 
 @pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc")
 def test_shards_are_opened_read_only(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     m = v4flash.load(d)
     seen = {}
     for fd in os.listdir("/proc/self/fd"):

@@ -3,7 +3,6 @@ context too large for any budget, a ctx outside the model's range in plan(), and
 probes asked for more memory or threads than any machine has."""
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,18 +11,10 @@ from pathlib import Path
 import pytest
 
 import v4flash
-from conftest import FIXTURES
+from conftest import FIXTURES, copy_fixture
 from v4flash import _core
 
 TINY = FIXTURES / "tiny-a"
-
-
-def _copy_fixture(tmp_path, name="tiny-a") -> Path:
-    d = tmp_path / name
-    shutil.copytree(FIXTURES / name, d)
-    for p in d.iterdir():
-        p.chmod(0o644)
-    return d
 
 
 def _max_ctx(d: Path) -> int:
@@ -46,7 +37,7 @@ def _run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def huge_max(tmp_path) -> Path:
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     cfg["max_position_embeddings"] = 2**62
     (d / "config.json").write_text(json.dumps(cfg))

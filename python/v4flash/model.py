@@ -8,6 +8,7 @@ Ctrl-C.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -96,25 +97,20 @@ class Session:
         or None while a sampled token waits to be fed or before anything was fed."""
         return self._core.last_logits()
 
-    def generate(
-        self,
-        ids: IdsLike = (),
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: Optional[int] = None,
-        stop_ids: Optional[Sequence[int]] = None,
-    ) -> List[int]:
+    def generate(self, *args: Any, **kw: Any) -> List[int]:
         """Feeds ``ids`` then returns up to ``max_new_tokens`` new tokens (greedy when
         temperature is 0), stopping after a stop id (default: EOS). Ctrl-C raises
         ``KeyboardInterrupt``; the tokens produced so far stay in the session
-        (``Session.tokens``) and the session stays usable."""
-        return self._stream(
-            ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids
-        ).collect()
+        (``Session.tokens``) and the session stays usable. The arguments are
+        ``_generation``'s."""
+        return self._generation(*args, **kw).collect()
 
-    def stream(
+    def stream(self, *args: Any, **kw: Any) -> Iterator[int]:
+        """Like ``generate`` (the same arguments) but yields each token as soon as it is
+        sampled."""
+        return _tokens(self._generation(*args, **kw))
+
+    def _generation(
         self,
         ids: IdsLike = (),
         max_new_tokens: int = 256,
@@ -123,14 +119,11 @@ class Session:
         top_k: int = 0,
         seed: Optional[int] = None,
         stop_ids: Optional[Sequence[int]] = None,
-    ) -> Iterator[int]:
-        """Like ``generate`` but yields each token as soon as it is sampled."""
-        return _tokens(self._stream(ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids))
-
-    def _stream(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids) -> Any:
-        """The core's generation for ``generate`` and ``stream`` (one core step per token: the
-        core feeds, seeds step i with seed + i and stops at a stop id, ``max_new_tokens`` or a
-        full context); nothing runs until it is iterated or collected."""
+    ) -> Any:
+        """The core's generation for ``generate`` and ``stream``, checked (one core step per
+        token: the core feeds, seeds step i with seed + i and stops at a stop id,
+        ``max_new_tokens`` or a full context); nothing runs until it is iterated or
+        collected."""
         s = sample_params(temperature, top_p, top_k, seed)
         stops = [self._model.config.eos_token_id] if stop_ids is None else stop_ids
         stops = _ids(stops, "stop_ids", allow_empty=True)
@@ -172,6 +165,17 @@ class Session:
         return self._core.save(os.fspath(path), snapshot, meta)
 
 
+# generate and stream take _generation's arguments (written once, there); help() shows them
+_GENERATION = inspect.signature(Session._generation)
+for _name, _returns in (("generate", List[int]), ("stream", Iterator[int])):
+    getattr(Session, _name).__signature__ = _GENERATION.replace(return_annotation=_returns)
+
+
+def _core_property(name: str, doc: str) -> Any:
+    """A read-only attribute: the core model's ``name``."""
+    return property(lambda self: getattr(self._core, name), doc=doc)
+
+
 class Model:
     """A loaded checkpoint. Create with :func:`v4flash.load`."""
 
@@ -186,13 +190,11 @@ class Model:
             f"threads={self.threads}, kernels={_core.kernel_tier()})"
         )
 
-    @property
-    def threads(self) -> int:
-        return self._core.threads
-
-    @property
-    def ctx(self) -> int:
-        return self._core.ctx
+    threads = _core_property("threads", "Compute threads.")
+    ctx = _core_property("ctx", "Tokens per session at most.")
+    io_mode = _core_property("io_mode", "The expert store's I/O mode as it runs.")
+    cache_policy = _core_property("policy", "The expert cache's eviction policy.")
+    numerics = _core_property("numerics", "The numerics mode (one of ``NUMERICS``).")
 
     def logits(self, ids: IdsLike) -> np.ndarray:
         """float32 [len(ids), vocab]: teacher-forced logits from a fresh state."""
@@ -225,19 +227,6 @@ class Model:
         """The memory plan this model was loaded with (bytes, slots) and its switches
         (``tuning``)."""
         return self._core.plan()
-
-    @property
-    def io_mode(self) -> str:
-        return self._core.io_mode
-
-    @property
-    def cache_policy(self) -> str:
-        return self._core.policy
-
-    @property
-    def numerics(self) -> str:
-        """``exact`` or ``fast`` (see ``load``)."""
-        return self._core.numerics
 
     def stats(self) -> Dict[str, Any]:
         """Counters: tokens, timings, expert cache figures (``expert_hit_rate``: None before

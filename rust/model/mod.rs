@@ -101,6 +101,14 @@ pub struct Model {
 /// Source of `Model::id`.
 static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(1);
 
+/// What a forward pass polls and tells as it goes: `cancel` (between layers and chunks) and
+/// `report(tokens x layers done)` after each layer.
+#[derive(Clone, Copy)]
+struct Hooks<'a> {
+    cancel: &'a (dyn Fn() -> bool + Sync),
+    report: &'a (dyn Fn(u64) + Sync),
+}
+
 /// What logits a forward call returns.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Want {
@@ -284,7 +292,7 @@ impl Model {
         // to the plan's scratch and span bytes, and let go when it ends (`scratch`)
         let limit = self.plan.scratch_bytes.saturating_add(self.plan.span_bytes);
         let scope = scratch::global().scope(usize::try_from(limit).unwrap_or(usize::MAX));
-        let r = self.forward_chunks(st, ids, want, cancel, report);
+        let r = self.forward_chunks(st, ids, want, Hooks { cancel, report });
         drop(scope);
         if r.is_err() {
             st.rollback(&snap)?;
@@ -305,8 +313,7 @@ impl Model {
         st: &mut State,
         ids: &[u32],
         want: Want,
-        cancel: &(dyn Fn() -> bool + Sync),
-        report: &(dyn Fn(u64) + Sync),
+        h: Hooks,
     ) -> Result<Vec<f32>> {
         // spans as long as the plan allows (each reads its experts once per layer)
         let size = self.plan.prefill_span.max(self.plan.prefill_chunk).max(1);
@@ -318,7 +325,7 @@ impl Model {
                 Want::Last if si + 1 == n_spans => Want::Last,
                 _ => Want::None,
             };
-            out.extend(self.forward_span(st, span, w, cancel, report)?);
+            out.extend(self.forward_span(st, span, w, h)?);
         }
         Ok(out)
     }
@@ -329,24 +336,12 @@ impl Model {
     /// read at most once per layer per span. Every token's result is bit-identical to any
     /// other split (attention sees the same state; the kernels and the expert sum do not
     /// depend on the batch).
-    fn forward_span(
-        &self,
-        st: &mut State,
-        ids: &[u32],
-        want: Want,
-        cancel: &(dyn Fn() -> bool + Sync),
-        report: &(dyn Fn(u64) + Sync),
-    ) -> Result<Vec<f32>> {
+    fn forward_span(&self, st: &mut State, ids: &[u32], want: Want, h: Hooks) -> Result<Vec<f32>> {
+        let Hooks { cancel, report } = h;
         let c = &self.cfg;
         let n = ids.len();
+        // within the context: `forward_reporting` checked the whole call
         let pos0 = st.pos();
-        if pos0 + n > self.ctx {
-            return Err(Error::arg(format!(
-                "the sequence would reach {} tokens ({pos0} already in the session + {n} new), more than the context of {} tokens (set a larger ctx / --ctx)",
-                pos0 + n,
-                self.ctx
-            )));
-        }
         let mut x = self.embed_streams(ids)?; // [n, hc, H]
         let cx = self.ctx(None);
         // The hash layers' experts are known from the token ids: start reading them now, in

@@ -15,21 +15,24 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(open_checkpoint, m)?)?;
-    m.add_function(wrap_pyfunction!(inspect_checkpoint, m)?)?;
-    m.add_function(wrap_pyfunction!(validate_config, m)?)?;
-    m.add_function(wrap_pyfunction!(config_json, m)?)?;
+    add_functions!(
+        m,
+        open_checkpoint,
+        inspect_checkpoint,
+        validate_config,
+        config_json,
+        expected_tensors,
+        drafter_tensors,
+        is_routed_expert,
+        is_drafter,
+        published_config,
+        table_bytes
+    );
     // every key of validate_config's summary (Python's `Config` has one field per key)
     m.add(
         "CONFIG_KEYS",
         PyTuple::new(m.py(), crate::config::summary_keys())?,
     )?;
-    m.add_function(wrap_pyfunction!(expected_tensors, m)?)?;
-    m.add_function(wrap_pyfunction!(drafter_tensors, m)?)?;
-    m.add_function(wrap_pyfunction!(is_routed_expert, m)?)?;
-    m.add_function(wrap_pyfunction!(is_drafter, m)?)?;
-    m.add_function(wrap_pyfunction!(published_config, m)?)?;
-    m.add_function(wrap_pyfunction!(table_bytes, m)?)?;
     // bytes per element of each dtype a checkpoint may hold, by its safetensors name
     let sizes = PyDict::new(m.py());
     for d in DType::ALL {
@@ -88,20 +91,14 @@ fn config_json<'py>(py: Python<'py>, summary: &Bound<'py, PyDict>) -> PyResult<B
 /// (name, accepted dtypes with the published one first, shape) in the loader's order, the
 /// routed experts last (`checkpoint::expected`, the table the loader itself checks).
 #[pyfunction]
-fn expected_tensors<'py>(
-    py: Python<'py>,
-    source: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyList>> {
+fn expected_tensors<'py>(py: Python<'py>, source: &Bound<'py, PyAny>) -> Rows<'py> {
     table_rows(py, source, expected::expected_tensors)
 }
 
 /// The drafter's tensors for a config (`checkpoint::expected::drafter_tensors`), as
 /// `expected_tensors` gives the model's: none when the config describes no drafter.
 #[pyfunction]
-fn drafter_tensors<'py>(
-    py: Python<'py>,
-    source: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyList>> {
+fn drafter_tensors<'py>(py: Python<'py>, source: &Bound<'py, PyAny>) -> Rows<'py> {
     table_rows(py, source, expected::drafter_tensors)
 }
 
@@ -110,12 +107,15 @@ fn model_config(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<ModelConf
     ModelConfig::from_json(&source_json(py, source)?).map_err(to_py)
 }
 
-/// The rows of `table` for a config: (name, dtypes, shape).
+/// A tensor table as Python rows: [(name, dtypes, shape)].
+type Rows<'py> = PyResult<Bound<'py, PyList>>;
+
+/// The rows of `table` for a config.
 fn table_rows<'py>(
     py: Python<'py>,
     source: &Bound<'py, PyAny>,
     table: fn(&ModelConfig) -> Vec<ExpectedTensor>,
-) -> PyResult<Bound<'py, PyList>> {
+) -> Rows<'py> {
     let rows = table(&model_config(py, source)?)
         .into_iter()
         .map(|t| {

@@ -11,16 +11,19 @@ use pyo3::types::PyDict;
 use std::path::PathBuf;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(plan, m)?)?;
-    m.add_function(wrap_pyfunction!(tuning, m)?)?;
-    m.add_function(wrap_pyfunction!(kernel_tier, m)?)?;
-    m.add_function(wrap_pyfunction!(bf16_products, m)?)?;
-    m.add_function(wrap_pyfunction!(fast_products, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_info, m)?)?;
-    m.add_function(wrap_pyfunction!(io_uring_probe, m)?)?;
-    m.add_function(wrap_pyfunction!(mem_read_gbs, m)?)?;
-    m.add_function(wrap_pyfunction!(disk_read_gbs, m)?)?;
-    m.add_function(wrap_pyfunction!(fma_peak_gflops, m)?)?;
+    add_functions!(
+        m,
+        plan,
+        tuning,
+        kernel_tier,
+        bf16_products,
+        fast_products,
+        memory_info,
+        io_uring_probe,
+        mem_read_gbs,
+        disk_read_gbs,
+        fma_peak_gflops
+    );
     Ok(())
 }
 

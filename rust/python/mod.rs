@@ -18,6 +18,13 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// Adds each `#[pyfunction]` named to module `m`.
+macro_rules! add_functions {
+    ($m:expr, $($f:ident),+ $(,)?) => {
+        $($m.add_function(wrap_pyfunction!($f, $m)?)?;)+
+    };
+}
+
 mod args;
 mod checkpoint;
 mod json;

@@ -101,11 +101,7 @@ impl PyModel {
         self.inner.threads
     }
 
-    #[getter]
-    fn resident_bytes(&self) -> usize {
-        self.inner.resident_bytes
-    }
-
+    /// Bytes of one routed expert as the store reads it.
     #[getter]
     fn expert_bytes(&self) -> usize {
         self.inner.experts.expert_bytes

@@ -335,6 +335,28 @@ impl<'p, R: Read> Reader<'p, R> {
         Ok(u64::from_le_bytes(b))
     }
 
+    /// Reads a stored XXH64 and refuses the file ("`what` mismatch") unless it is the hash of
+    /// every byte read so far; `hashed`: whether the stored value counts in later checksums
+    /// (the header's does, the final one ends the file).
+    fn checksum(&mut self, what: &str, hashed: bool) -> Result<()> {
+        let want = self.h.digest();
+        let mut b = [0u8; 8];
+        if hashed {
+            self.take(&mut b)?;
+        } else {
+            self.raw(&mut b)?;
+        }
+        let got = u64::from_le_bytes(b);
+        if got != want {
+            return Err(self.bad(format!(
+                "{what} mismatch (stored {}, computed {}): the file is corrupted",
+                hex(got),
+                hex(want)
+            )));
+        }
+        Ok(())
+    }
+
     fn u32s(&mut self, n: usize) -> Result<Vec<u32>> {
         self.words(n, u32::from_le_bytes)
     }
@@ -414,15 +436,7 @@ impl<'p, R: Read> Reader<'p, R> {
         // the header, checked by its own checksum before it is believed
         let mut head = vec![0u8; hl as usize];
         r.take(&mut head)?;
-        let want = r.h.digest();
-        let got = r.u64()?;
-        if got != want {
-            return Err(r.bad(format!(
-                "header checksum mismatch (stored {}, computed {}): the file is corrupted",
-                hex(got),
-                hex(want)
-            )));
-        }
+        r.checksum("header checksum", true)?;
         let h: Value = serde_json::from_slice(&head).map_err(|e| {
             r.bad(format!(
                 "the header is not valid JSON ({e}): the file is corrupted"
@@ -545,17 +559,7 @@ impl<'p, R: Read> Reader<'p, R> {
             }
             layers.push(AttnState::from_arrays(arrays));
         }
-        let want = r.h.digest();
-        let mut b = [0u8; 8];
-        r.raw(&mut b)?;
-        let got = u64::from_le_bytes(b);
-        if got != want {
-            return Err(r.bad(format!(
-                "checksum mismatch (stored {}, computed {}): the file is corrupted",
-                hex(got),
-                hex(want)
-            )));
-        }
+        r.checksum("checksum", false)?;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(r.bad(format!(
                 "token id {bad} is outside this model's vocabulary (0..{})",
