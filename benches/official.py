@@ -36,7 +36,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from v4flash import load, load_config
-from v4flash.fidelity import _prefix_match, kl_rows, make_prompts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benches/fidelity.py
+from fidelity import _prefix_match, kl_rows, make_prompts  # noqa: E402
 
 MODES = ["exact", "fast", "official"]
 PAIRS = [("exact", "official"), ("fast", "official")]

@@ -22,19 +22,21 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype a checkpoint may hold.
+    pub const ALL: [DType; 8] = [
+        DType::F8E4M3,
+        DType::F8E8M0,
+        DType::I8,
+        DType::BF16,
+        DType::F16,
+        DType::F32,
+        DType::I64,
+        DType::I32,
+    ];
+
     /// Parses a safetensors dtype string. Unknown strings return None.
     pub fn from_safetensors(s: &str) -> Option<DType> {
-        Some(match s {
-            "F8_E4M3" => DType::F8E4M3,
-            "F8_E8M0" => DType::F8E8M0,
-            "I8" => DType::I8,
-            "BF16" => DType::BF16,
-            "F16" => DType::F16,
-            "F32" => DType::F32,
-            "I64" => DType::I64,
-            "I32" => DType::I32,
-            _ => return None,
-        })
+        DType::ALL.into_iter().find(|d| d.name() == s)
     }
 
     pub fn name(self) -> &'static str {
@@ -223,16 +225,12 @@ mod tests {
 
     #[test]
     fn dtype_names_roundtrip() {
-        for d in [
-            DType::F8E4M3,
-            DType::F8E8M0,
-            DType::I8,
-            DType::BF16,
-            DType::F16,
-            DType::F32,
-            DType::I64,
-            DType::I32,
-        ] {
+        let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+        let want = [
+            "F8_E4M3", "F8_E8M0", "I8", "BF16", "F16", "F32", "I64", "I32",
+        ];
+        assert_eq!(names, want);
+        for d in DType::ALL {
             assert_eq!(DType::from_safetensors(d.name()), Some(d));
         }
         assert_eq!(DType::from_safetensors("F8_E5M2"), None);

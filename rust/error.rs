@@ -37,6 +37,11 @@ pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
 
+    /// A caller named an option that does not exist (Python: TypeError, as for an unexpected
+    /// keyword argument).
+    #[error("{0}")]
+    UnknownOption(String),
+
     /// The memory budget cannot hold what the model needs.
     #[error("{0}")]
     Memory(String),

@@ -2,16 +2,19 @@
 //! pass. The Python binding (`python.rs`, cargo feature `python`, which maturin enables) is a
 //! thin layer over these modules; without the feature nothing links libpython.
 
+pub mod args;
 pub mod checkpoint;
 pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod kernels;
 pub mod model;
+pub mod options;
 pub mod plan;
 pub mod probe;
 #[cfg(feature = "python")]
 mod python;
+pub mod report;
 pub mod scratch;
 pub mod store;
 pub mod tuning;

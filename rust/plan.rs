@@ -3,12 +3,17 @@
 //! overhead, and what is left for expert cache slots. A budget that cannot hold the dense part
 //! plus a minimum working set fails at once, saying how much is needed.
 
-use crate::checkpoint::expected::{is_drafter, is_routed_expert};
+use crate::checkpoint::sizes::TableBytes;
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-use crate::model::DEFAULT_CTX;
+use crate::options::LoadOptions;
+use serde::Serialize;
+use std::num::NonZeroUsize;
+use std::path::Path;
 
+/// Context length when none is given: the memory plan reserves session state for it.
+pub const DEFAULT_CTX: usize = 65536;
 /// Python, libraries, thread stacks and allocator slack, counted against the budget.
 pub const OVERHEAD_BYTES: u64 = 400 << 20;
 /// Tokens per prefill chunk (bounds the scratch buffers).
@@ -27,11 +32,15 @@ pub const PREFILL_CHUNK_MAX: usize = 4096;
 /// chunk up to this, whose memory takes at most another quarter of the experts' room.
 pub const PREFILL_SPAN_MAX: usize = 16384;
 
-#[derive(Debug, Clone)]
+/// A memory plan; its fields are what `plan()` and `Model.plan()` report, under these names
+/// (serde), with `cache_bytes` and `total_bytes` (`report::PlanReport`).
+#[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     /// The budget given (bytes), or None when sized from available memory.
+    #[serde(rename = "budget_bytes")]
     pub budget: Option<u64>,
     /// Memory considered available when no budget was given.
+    #[serde(rename = "available_bytes")]
     pub available: Option<u64>,
     /// Resident weights: everything but the routed experts and the drafter.
     pub dense_bytes: u64,
@@ -75,9 +84,8 @@ impl Plan {
 /// The context length a model runs with: `ctx` when given (at least 1 token, at most the
 /// model's `max_position_embeddings`), else min(max_position_embeddings, DEFAULT_CTX). The one
 /// place this is decided: loading a model and planning one without loading both call it.
-pub fn resolve_ctx(cfg: &ModelConfig, ctx: Option<usize>) -> Result<usize> {
-    match ctx {
-        Some(0) => Err(Error::arg("ctx must be at least 1 token")),
+pub fn resolve_ctx(cfg: &ModelConfig, ctx: Option<NonZeroUsize>) -> Result<usize> {
+    match ctx.map(NonZeroUsize::get) {
         Some(n) if n > cfg.max_position_embeddings => Err(Error::arg(format!(
             "ctx {n} exceeds the model's max_position_embeddings ({})",
             cfg.max_position_embeddings
@@ -85,6 +93,29 @@ pub fn resolve_ctx(cfg: &ModelConfig, ctx: Option<usize>) -> Result<usize> {
         Some(n) => Ok(n),
         None => Ok(cfg.max_position_embeddings.min(DEFAULT_CTX)),
     }
+}
+
+/// The plan for an open checkpoint at context `ctx` (`resolve_ctx`) with `opts`' budget and
+/// expert cache: the slot size from its experts' layouts, then `plan`.
+pub fn plan_for(ck: &Checkpoint, c: &ModelConfig, ctx: usize, opts: &LoadOptions) -> Result<Plan> {
+    let slot = crate::store::slot_size(ck, c)?;
+    plan(
+        ck,
+        c,
+        ctx,
+        opts.ram_bytes,
+        opts.expert_cache_bytes,
+        slot as u64,
+    )
+}
+
+/// The plan for the checkpoint in `dir` with `opts`, without loading any weights (its config
+/// and tensor table only): what `Model::load` would plan.
+pub fn plan_checkpoint(dir: &Path, opts: &LoadOptions) -> Result<Plan> {
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let ck = Checkpoint::open(dir)?;
+    let ctx = resolve_ctx(&cfg, opts.ctx)?;
+    plan_for(&ck, &cfg, ctx, opts)
 }
 
 /// The error for a size that does not fit in u64 bytes: no budget can hold it.
@@ -186,25 +217,13 @@ pub fn plan(
     expert_cache_bytes: Option<u64>,
     slot_bytes: u64,
 ) -> Result<Plan> {
-    let mut dense = 0u64;
-    let mut eh = 0u64;
-    let mut drafter = 0u64;
-    for name in ck.names() {
-        let Some(t) = ck.get(name) else { continue };
-        if is_drafter(name) {
-            drafter = drafter.saturating_add(t.len);
-            continue;
-        }
-        if is_routed_expert(name) {
-            continue;
-        }
-        dense = dense.checked_add(t.len).ok_or_else(|| {
-            Error::Memory("the checkpoint's dense weights add up to more than 2^64 bytes".into())
-        })?;
-        if name == "embed.weight" || name == "head.weight" {
-            eh = eh.saturating_add(t.len); // at most `dense`
-        }
+    let sizes = TableBytes::of_checkpoint(ck);
+    if sizes.overflow {
+        return Err(Error::Memory(
+            "the checkpoint's tensors add up to more than 2^64 bytes".into(),
+        ));
     }
+    let dense = sizes.dense_bytes;
     let total_experts = c.num_layers.saturating_mul(c.n_routed_experts);
     let state = state_bytes(c, ctx)?;
     let scratch = scratch_bytes(c, PREFILL_CHUNK_MIN)?;
@@ -321,8 +340,8 @@ pub fn plan(
         budget,
         available,
         dense_bytes: dense,
-        drafter_bytes: drafter,
-        embed_head_bytes: eh,
+        drafter_bytes: sizes.drafter_bytes,
+        embed_head_bytes: sizes.embed_head_bytes,
         state_bytes: state,
         scratch_bytes: scratch,
         prefill_chunk: chunk,
@@ -338,21 +357,35 @@ pub fn plan(
 
 /// Memory the OS reports as available (Linux: MemAvailable); None elsewhere.
 pub fn available_memory() -> Option<u64> {
+    memory_info().1
+}
+
+/// (total, available) memory as the OS reports it (Linux: `MemTotal`, `MemAvailable` of
+/// /proc/meminfo); None where it does not.
+pub fn memory_info() -> (Option<u64>, Option<u64>) {
     #[cfg(target_os = "linux")]
     {
-        let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-        for line in s.lines() {
-            if let Some(rest) = line.strip_prefix("MemAvailable:") {
-                let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-                return kb.checked_mul(1024);
-            }
+        match std::fs::read_to_string("/proc/meminfo") {
+            Ok(s) => parse_meminfo(&s),
+            Err(_) => (None, None),
         }
-        None
     }
     #[cfg(not(target_os = "linux"))]
     {
-        None
+        (None, None)
     }
+}
+
+/// `MemTotal` and `MemAvailable` of a /proc/meminfo text, in bytes.
+pub fn parse_meminfo(text: &str) -> (Option<u64>, Option<u64>) {
+    let field = |name: &str| {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix(':')?;
+            let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            kb.checked_mul(1024)
+        })
+    };
+    (field("MemTotal"), field("MemAvailable"))
 }
 
 #[cfg(test)]
@@ -415,7 +448,7 @@ mod tests {
         let slot = crate::store::slot_size(&ck, &c).unwrap() as u64;
         for ram in [Some(2_000_000_000u64), Some(u64::MAX), None] {
             for ctx in [1usize << 58, 1 << 62] {
-                let ctx = resolve_ctx(&c, Some(ctx)).unwrap();
+                let ctx = resolve_ctx(&c, NonZeroUsize::new(ctx)).unwrap();
                 match plan(&ck, &c, ctx, ram, None, slot) {
                     Err(Error::Memory(m)) => {
                         assert!(m.contains("too large for any memory budget"), "{m}")
@@ -439,24 +472,35 @@ mod tests {
     }
 
     #[test]
+    fn meminfo_is_read() {
+        let text = "MemTotal:       32000000 kB\nMemFree:  100 kB\nMemAvailable:   24000000 kB\n";
+        assert_eq!(
+            parse_meminfo(text),
+            (Some(32000000 * 1024), Some(24000000 * 1024))
+        );
+        assert_eq!(parse_meminfo("MemTotal: x kB\n"), (None, None));
+        let (total, avail) = memory_info();
+        if let (Some(t), Some(a)) = (total, avail) {
+            assert!(a <= t);
+        }
+    }
+
+    #[test]
     fn resolve_ctx_cases() {
         let mut c = real();
         c.max_position_embeddings = 1 << 20;
+        let n = NonZeroUsize::new;
         assert_eq!(resolve_ctx(&c, None).unwrap(), DEFAULT_CTX);
-        assert_eq!(resolve_ctx(&c, Some(1)).unwrap(), 1);
-        assert_eq!(resolve_ctx(&c, Some(1 << 20)).unwrap(), 1 << 20);
-        match resolve_ctx(&c, Some(0)) {
-            Err(Error::InvalidArgument(m)) => assert_eq!(m, "ctx must be at least 1 token"),
-            other => panic!("expected InvalidArgument, got {other:?}"),
-        }
-        match resolve_ctx(&c, Some((1 << 20) + 1)) {
+        assert_eq!(resolve_ctx(&c, n(1)).unwrap(), 1);
+        assert_eq!(resolve_ctx(&c, n(1 << 20)).unwrap(), 1 << 20);
+        match resolve_ctx(&c, n((1 << 20) + 1)) {
             Err(Error::InvalidArgument(m)) => assert_eq!(
                 m,
                 "ctx 1048577 exceeds the model's max_position_embeddings (1048576)"
             ),
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
-        match resolve_ctx(&c, Some(usize::MAX)) {
+        match resolve_ctx(&c, n(usize::MAX)) {
             Err(Error::InvalidArgument(_)) => {}
             other => panic!("expected InvalidArgument, got {other:?}"),
         }

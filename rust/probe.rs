@@ -11,13 +11,15 @@ pub const MAX_REPS: usize = 1000;
 /// Smallest buffer the memory probe measures (smaller sizes are rounded up to it).
 pub const MIN_MEM_BYTES: usize = 256 << 10;
 
+/// The threads this process can run at once (its affinity and CPU quota): the default of
+/// the compute pool and of the probes.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The most threads a probe starts: 4 per core, and at least 1024.
 pub fn max_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .saturating_mul(4)
-        .max(1024)
+    cores().saturating_mul(4).max(1024)
 }
 
 /// A pool of `threads` threads, refusing 0 and absurd counts before starting any.

@@ -1,5 +1,8 @@
+import importlib.util
 import json
+import shutil
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,26 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 FIXTURE_NAMES = ["tiny-a", "tiny-b"]
+
+
+def copy_fixture(tmp_path: Path, name: str = "tiny-a") -> Path:
+    """A writable copy of fixture ``name`` in ``tmp_path`` (for tests that damage one)."""
+    d = tmp_path / name
+    shutil.copytree(FIXTURES / name, d)
+    for p in d.iterdir():
+        p.chmod(0o644)
+    return d
+
+
+def bench_module(name: str):
+    """``benches/<name>.py`` as a module (measurement tools live there, not in the package),
+    loaded once and registered under its name, so the benches that import it share it."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benches" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
 class Reference:

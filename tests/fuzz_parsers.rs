@@ -383,9 +383,9 @@ fn model_load_with_random_shard_corruption_never_panics() {
         }
         std::fs::write(&shard, &b).unwrap();
         let opts = LoadOptions {
-            threads: Some(1),
+            threads: std::num::NonZeroUsize::new(1),
             expert_cache_bytes: Some(1),
-            ctx: Some(64),
+            ctx: std::num::NonZeroUsize::new(64),
             ..LoadOptions::default()
         };
         match Model::load(dir.path(), &opts) {

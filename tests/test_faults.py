@@ -17,18 +17,10 @@ import numpy as np
 import pytest
 
 import v4flash
-from conftest import FIXTURES, model_for
+from conftest import FIXTURES, copy_fixture, model_for
 
 S1 = "model-00001-of-00002.safetensors"
 S2 = "model-00002-of-00002.safetensors"
-
-
-def _copy_fixture(tmp_path, name="tiny-a") -> Path:
-    d = tmp_path / name
-    shutil.copytree(FIXTURES / name, d)
-    for p in d.iterdir():
-        p.chmod(0o644)
-    return d
 
 
 # ------------------------------------------------------------------------- runtime inputs
@@ -145,6 +137,47 @@ def test_bad_load_arguments(kw, words):
     assert words in str(ei.value)
 
 
+def test_load_options_are_the_cores_one_list():
+    """v4flash.load and plan take the core's options (LoadOptions::set): an unknown name is a
+    TypeError naming the options, a wrong kind a ValueError naming the option."""
+    from v4flash import _core
+
+    assert set(_core.LOAD_OPTIONS) >= {"ram_gb", "threads", "ctx", "io", "prefault"}
+    for call in (v4flash.load, v4flash.plan):
+        with pytest.raises(TypeError, match='unknown option "ram_bytes"') as ei:
+            call(FIXTURES / "tiny-a", ram_bytes=10**9)
+        assert all(name in str(ei.value) for name in _core.LOAD_OPTIONS)
+        with pytest.raises(ValueError, match="prefault must be True or False, got 1"):
+            call(FIXTURES / "tiny-a", prefault=1)
+        with pytest.raises(ValueError, match="io_threads must be >= 1, got 0"):
+            call(FIXTURES / "tiny-a", io_threads=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+        model_for("tiny-a").generate([0, 3], max_new_tokens=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer, got None"):
+        model_for("tiny-a").generate([0, 3], max_new_tokens=None)
+
+
+def test_the_switches_in_force_are_reported(monkeypatch):
+    """stats() and plan() report the tuning (kernels, products, the per-model switches); a
+    per-model switch given to load wins over the environment."""
+    from v4flash import _core
+
+    monkeypatch.setenv("V4FLASH_PREFAULT", "1")
+    m = v4flash.load(FIXTURES / "tiny-a", expert_cache_mb=1e-6, prefault=False, lookahead=False)
+    st, plan = m.stats(), m.plan()
+    assert st["tuning"] == plan["tuning"]
+    t = st["tuning"]
+    assert (t["prefault"], t["lookahead"], t["io_uring"]) == (False, False, True)
+    assert t["kernels"] == _core.kernel_tier() == st["kernel_tier"]
+    assert t["bf16_products"] == _core.bf16_products()
+    assert t["fast_products"] == _core.fast_products()
+    assert st["lookahead"] is False and st["prefaulted_slots"] == 0
+    monkeypatch.setenv("V4FLASH_IO_URING", "0")
+    assert _core.tuning()["io_uring"] is False
+    assert v4flash.plan(FIXTURES / "tiny-a", ram_gb=2)["tuning"]["io_uring"] is False
+    assert v4flash.plan(FIXTURES / "tiny-a", ram_gb=2, io_uring=True)["tuning"]["io_uring"]
+
+
 @pytest.mark.parametrize("ram_gb", [1e-6, 1e9])
 def test_ram_budget_too_small_or_absurd(ram_gb):
     with pytest.raises((MemoryError, ValueError)) as ei:
@@ -228,7 +261,7 @@ def test_separate_sessions_run_concurrently_with_the_same_results():
 
 
 def test_shard_truncated_after_load_then_restored_in_place(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     case_ids = [0, 17, 42, 99, 3, 250, 7]
     good = model_for("tiny-a")
     want_logits = good.logits(case_ids)
@@ -260,7 +293,7 @@ def test_shard_truncated_after_load_then_restored_in_place(tmp_path):
 def test_shard_replaced_by_a_new_copy_after_a_fault(tmp_path):
     """Restoring by copying the file back (a new inode) also works: the reader reopens the
     path, checks that it is the same shard (size and header) and retries."""
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     ids = [0, 17, 42, 99, 3]
     want = model_for("tiny-a").logits(ids)
     m = v4flash.load(d, expert_cache_mb=1e-6)
@@ -280,7 +313,7 @@ def test_shard_replaced_by_a_new_copy_after_a_fault(tmp_path):
 def test_a_different_file_at_the_shard_path_is_not_used(tmp_path):
     """After a fault the reader only switches to a file that is the same shard: a different
     file (here: the other shard renamed) is refused and the original error stays."""
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     m = v4flash.load(d, expert_cache_mb=1e-6)
     os.truncate(d / S2, 4096)
     (d / S2).unlink()
@@ -290,7 +323,7 @@ def test_a_different_file_at_the_shard_path_is_not_used(tmp_path):
 
 
 def test_deleted_shard_keeps_working_through_the_open_handle(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     ids = [0, 5, 9]
     m = v4flash.load(d, expert_cache_mb=1e-6)
     (d / S2).unlink()
@@ -379,7 +412,7 @@ def _hashes(d: Path):
 
 
 def test_checkpoint_files_are_unchanged_after_load_generate_and_errors(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     before = _hashes(d)
     for p in d.iterdir():
         p.chmod(0o444)  # a read-only copy must load (nothing asks for write access)
@@ -402,7 +435,7 @@ def test_checkpoint_files_are_unchanged_after_load_generate_and_errors(tmp_path)
 
 @pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc")
 def test_shards_are_opened_read_only(tmp_path):
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     m = v4flash.load(d)
     seen = {}
     for fd in os.listdir("/proc/self/fd"):

@@ -3,7 +3,6 @@ context too large for any budget, a ctx outside the model's range in plan(), and
 probes asked for more memory or threads than any machine has."""
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,18 +11,10 @@ from pathlib import Path
 import pytest
 
 import v4flash
-from conftest import FIXTURES
+from conftest import FIXTURES, copy_fixture
 from v4flash import _core
 
 TINY = FIXTURES / "tiny-a"
-
-
-def _copy_fixture(tmp_path, name="tiny-a") -> Path:
-    d = tmp_path / name
-    shutil.copytree(FIXTURES / name, d)
-    for p in d.iterdir():
-        p.chmod(0o644)
-    return d
 
 
 def _max_ctx(d: Path) -> int:
@@ -46,7 +37,7 @@ def _run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def huge_max(tmp_path) -> Path:
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     cfg["max_position_embeddings"] = 2**62
     (d / "config.json").write_text(json.dumps(cfg))
@@ -55,7 +46,7 @@ def huge_max(tmp_path) -> Path:
 
 def test_plan_context_too_large_for_any_budget(huge_max):
     with pytest.raises(MemoryError, match=r"ctx 288230376151711744 .*more than 2\^64 bytes"):
-        _core.plan(str(huge_max), ram_bytes=2_000_000_000, ctx=2**58)
+        _core.plan(str(huge_max), ram_gb=2, ctx=2**58)
     # without a budget too (sized from available memory)
     with pytest.raises(MemoryError, match="more than 2\\^64 bytes"):
         _core.plan(str(huge_max), ctx=2**58)
@@ -63,20 +54,20 @@ def test_plan_context_too_large_for_any_budget(huge_max):
         v4flash.plan(huge_max, 2, ctx=2**58)
     # the largest context the config allows must not wrap either
     with pytest.raises(MemoryError, match="too large for any memory budget"):
-        _core.plan(str(huge_max), ram_bytes=2_000_000_000, ctx=2**62)
+        _core.plan(str(huge_max), ram_gb=2, ctx=2**62)
 
 
 def test_plan_large_but_representable_context_needs_its_size(huge_max):
     # 2^40 tokens do not overflow: the plan refuses the budget with the size needed
     with pytest.raises(MemoryError, match="cannot run this model: it needs at least"):
-        _core.plan(str(huge_max), ram_bytes=2_000_000_000, ctx=2**40)
+        _core.plan(str(huge_max), ram_gb=2, ctx=2**40)
 
 
 def test_plan_ctx_above_the_model_maximum_is_refused_like_load():
     mx = _max_ctx(TINY)
     words = f"ctx {mx + 1} exceeds the model's max_position_embeddings ({mx})"
     with pytest.raises(ValueError) as from_plan:
-        _core.plan(str(TINY), ram_bytes=2_000_000_000, ctx=mx + 1)
+        _core.plan(str(TINY), ram_gb=2, ctx=mx + 1)
     assert str(from_plan.value) == words
     with pytest.raises(ValueError) as from_load:
         v4flash.load(TINY, ram_gb=2, ctx=mx + 1)
@@ -86,16 +77,16 @@ def test_plan_ctx_above_the_model_maximum_is_refused_like_load():
 
 
 def test_plan_ctx_zero_is_refused():
-    with pytest.raises(ValueError, match="ctx must be at least 1 token"):
-        _core.plan(str(TINY), ram_bytes=2_000_000_000, ctx=0)
+    with pytest.raises(ValueError, match="ctx must be >= 1, got 0"):
+        _core.plan(str(TINY), ram_gb=2, ctx=0)
     with pytest.raises(ValueError, match="ctx"):
         v4flash.plan(TINY, 2, ctx=0)
 
 
 def test_plan_ctx_default_and_maximum_agree_with_load():
     mx = _max_ctx(TINY)
-    assert _core.plan(str(TINY), ram_bytes=2_000_000_000)["ctx"] == min(mx, 65536)
-    assert _core.plan(str(TINY), ram_bytes=2_000_000_000, ctx=mx)["ctx"] == mx
+    assert _core.plan(str(TINY), ram_gb=2)["ctx"] == min(mx, 65536)
+    assert _core.plan(str(TINY), ram_gb=2, ctx=mx)["ctx"] == mx
 
 
 # ---------------------------------------------------------------------------- machine probes

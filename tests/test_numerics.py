@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 import v4flash
-from conftest import FIXTURE_NAMES, FIXTURES, model_for
+from conftest import FIXTURE_NAMES, FIXTURES, bench_module, model_for
 from v4flash.cli import main as cli_main
-from v4flash.fidelity import kl_rows, measure
+
+fidelity_tool = bench_module("fidelity")  # benches/fidelity.py
+kl_rows, measure = fidelity_tool.kl_rows, fidelity_tool.measure
 
 MODES = [m for m in v4flash.NUMERICS if m != "exact"]
 # On an x86 CPU without full-rate bf16 products, fast takes the exact kernels (its

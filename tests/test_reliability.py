@@ -10,7 +10,6 @@ Python thread's stack."""
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 
 import v4flash
-from conftest import FIXTURES, model_for
+from conftest import FIXTURES, copy_fixture, model_for
 from make_bad_checkpoints import CASES, make
 
 S2 = "model-00002-of-00002.safetensors"
@@ -33,14 +32,6 @@ LINUX_ONLY = pytest.mark.skipif(
     sys.platform != "linux" or SYS_TGKILL is None,
     reason="needs Linux (/proc/self/task, tgkill) on x86_64 or aarch64",
 )
-
-
-def _copy_fixture(tmp_path: Path, name: str = "tiny-a") -> Path:
-    d = tmp_path / name
-    shutil.copytree(FIXTURES / name, d)
-    for p in d.iterdir():
-        p.chmod(0o644)
-    return d
 
 
 def _text(b) -> str:
@@ -239,7 +230,7 @@ _EINTR = textwrap.dedent(
 def test_signals_to_the_io_uring_thread_are_retried_not_fatal(tmp_path):
     """SIGUSR1 (a Python handler, so no SA_RESTART) sent to the io_uring thread while it waits:
     the waits are retried and counted, the engine stays io_uring, every result is right."""
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     r = run_child(_EINTR, d, FIXTURES / "tiny-a", SYS_TGKILL, timeout=120)
     if r.returncode == 0 and "SKIP:" in r.stdout:
         pytest.skip(r.stdout.split("SKIP:", 1)[1].strip())
@@ -378,7 +369,7 @@ def test_mmap_shard_truncated_after_load_is_an_oserror_then_restored(tmp_path, c
     """io="mmap": touching a mapped page past a truncated file's end is SIGBUS; the engine
     checks the size first and raises OSError naming the shard. Restored in place (same inode),
     the results are bit-identical again."""
-    d = _copy_fixture(tmp_path)
+    d = copy_fixture(tmp_path)
     r = run_child(_MMAP_TRUNCATED, d, FIXTURES / "tiny-a", S2, cut, timeout=90)
     assert r.returncode == 0, describe(r)
     assert r.stdout.count("OSError:") == 3 and "OK" in r.stdout, describe(r)

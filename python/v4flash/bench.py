@@ -19,174 +19,64 @@ import json
 import math
 import os
 import statistics
-import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _core
+from .limits import (  # noqa: F401  (bench's names since before limits.py)
+    DISK_READERS,
+    GB,
+    ITEMSIZE,
+    _limit,
+    disk_probe,
+    disk_read_gbs,
+    fma_peak_gflops,
+    limit_tok_s,
+    mem_read_gbs,
+    predict_table,
+    published_config,
+    real_model_bytes,
+    zipf_hit_rate,
+)
 
-GB = 1e9
 PROMPT_TEXT = (
     "DeepSeek V4 Flash is a mixture-of-experts language model. Each token is routed to six of "
     "two hundred and fifty-six experts per layer, plus one shared expert, so most of the "
     "weights sit idle for any given token. Running it on an ordinary computer means keeping "
     "the dense part in memory and streaming the experts from the disk through a cache. "
 )
-ITEMSIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BF16": 2, "F16": 2, "F32": 4}
-ITEMSIZE.update({"I32": 4, "I64": 8, "F64": 8})
 
 
 # --------------------------------------------------------------------------------------------
-# Checkpoint accounting (from the shard headers, no weights read)
+# Checkpoint accounting (the core's, from the shard headers: no weights read)
 # --------------------------------------------------------------------------------------------
 def read_headers(model_dir: Path) -> Dict[str, Tuple[str, List[int], int]]:
-    """name -> (dtype, shape, nbytes) over all shards."""
-    model_dir = Path(model_dir)
-    idx = model_dir / "model.safetensors.index.json"
-    files = (
-        sorted(set(json.loads(idx.read_text())["weight_map"].values()))
-        if idx.exists()
-        else ["model.safetensors"]
-    )
-    out: Dict[str, Tuple[str, List[int], int]] = {}
-    for fn in files:
-        with open(model_dir / fn, "rb") as f:
-            (hl,) = struct.unpack("<Q", f.read(8))
-            h = json.loads(f.read(hl))
-        for name, v in h.items():
-            if name == "__metadata__":
-                continue
-            b, e = v["data_offsets"]
-            out[name] = (v["dtype"], list(v["shape"]), e - b)
-    return out
+    """name -> (dtype, shape, nbytes) over all shards, as the core reads the headers
+    (``_core.inspect_checkpoint``)."""
+    found = _core.inspect_checkpoint(str(model_dir))["tensors"]
+    return {name: (dtype, list(shape), nbytes) for name, dtype, shape, nbytes, _ in found}
 
 
 def account(headers: Dict[str, Tuple[str, List[int], int]], cfg: Any) -> Dict[str, float]:
-    """Bytes and parameters a decode step touches, from the tensor table.
+    """Bytes and parameters a decode step touches: the core's accounting of the tensor table
+    (``_core.table_bytes``, ``rust/checkpoint/sizes.rs``).
 
-    Returns dense_bytes_per_token (everything but the routed experts, the embedding table (one
-    row only), the hash tables (one row) and MTP), expert_bytes (one routed expert's w1+w2+w3
-    with scales), and active_params_per_token (matmul weights a token multiplies: dense
-    matrices, shared and k routed experts; the head is counted once per token)."""
-    dense = 0
-    dense_params = 0
-    head_params = 0
-    expert_total = 0
-    expert_params = 0
-    n_experts = 0
-    for name, (dtype, shape, nbytes) in headers.items():
-        if name.startswith("mtp."):
-            continue
-        if _core.is_routed_expert(name):
-            expert_total += nbytes
-            if name.endswith(".weight"):
-                expert_params += math.prod(shape) * (2 if dtype == "I8" else 1)
-            if name.endswith(".w1.weight"):
-                n_experts += 1
-            continue
-        if name == "embed.weight":
-            dense += shape[-1] * ITEMSIZE.get(dtype, 2)
-            continue
-        if name.endswith("gate.tid2eid"):
-            dense += shape[-1] * ITEMSIZE.get(dtype, 8)
-            continue
-        dense += nbytes
-        if len(shape) == 2 and not name.endswith((".scale", ".ape")):
-            p = math.prod(shape)
-            if name == "head.weight":
-                head_params += p
-            else:
-                dense_params += p
-    expert_bytes = expert_total / max(n_experts, 1)
-    k = cfg.num_experts_per_tok
-    per_expert_params = expert_params / max(n_experts, 1)
-    active = dense_params + head_params + cfg.num_hidden_layers * k * per_expert_params
-    return {
-        "dense_bytes_per_token": float(dense),
-        "expert_bytes": float(expert_bytes),
-        "n_experts": float(n_experts),
-        "active_params_per_token": float(active),
-        "prefill_params_per_token": float(active - head_params),
-    }
-
-
-def limit_tok_s(
-    dense_bytes: float,
-    mem_gbs: float,
-    layers: int,
-    k: int,
-    hit_rate: float,
-    expert_bytes: float,
-    disk_gbs: float,
-) -> float:
-    """Decode-speed bound: the bytes a token reads from memory at memory bandwidth plus the
-    missed experts at disk speed.
-
-    The bytes read from memory are the dense weights (incl. the head) AND the token's active
-    routed experts (``layers × k × expert_bytes``): a cached expert is still streamed from RAM
-    by the kernels, and a missed one is read from disk into RAM first, then streamed. (With
-    ``count_experts_in_memory=False`` this is the narrower "dense / memory + missed / disk"
-    form, which ignores those reads and is not attainable; reported alongside for reference.)
-    """
-    return _limit(dense_bytes, mem_gbs, layers, k, hit_rate, expert_bytes, disk_gbs, True)
-
-
-def _limit(dense_bytes, mem_gbs, layers, k, hit_rate, expert_bytes, disk_gbs, experts_in_mem):
-    mem_bytes = dense_bytes + (layers * k * expert_bytes if experts_in_mem else 0.0)
-    t = mem_bytes / (mem_gbs * GB) + layers * k * (1 - hit_rate) * expert_bytes / (disk_gbs * GB)
-    return 1.0 / t if t > 0 else float("inf")
+    Among them dense_bytes_per_token (everything but the routed experts, the embedding table
+    (one row only), the hash tables (one row) and the drafter), expert_bytes (one routed
+    expert's w1+w2+w3 with scales), n_experts, and active_params_per_token (matmul weights a
+    token multiplies: dense matrices, shared and k routed experts; the head is counted once
+    per token) and prefill_params_per_token (the same without the head)."""
+    rows = [(name, dtype, list(shape), nbytes) for name, (dtype, shape, nbytes) in headers.items()]
+    return {k: float(v) for k, v in _core.table_bytes(cfg.to_json(), rows).items()}
 
 
 # --------------------------------------------------------------------------------------------
-# Machine limits
+# This process
 # --------------------------------------------------------------------------------------------
-def mem_read_gbs(nbytes: int = 1 << 30, threads: Optional[int] = None) -> Tuple[float, str]:
-    """Streaming read bandwidth in GB/s (best of 3) and how it was measured."""
-    t = threads or os.cpu_count() or 1
-    return float(_core.mem_read_gbs(nbytes, t)), f"_core.mem_read_gbs, {t} thread(s)"
-
-
-#: Reads the parallel disk probe keeps in flight: as many as the engine's pread workers
-#: (its io_uring path keeps up to 32; 8 are enough to show whether the disk needs a queue
-#: to reach its speed).
-DISK_READERS = 8
-
-
-def disk_probe(shard: Path, nbytes: int = 1 << 30) -> Tuple[float, float, bool]:
-    """Read bandwidth (GB/s) of the first ``nbytes`` of ``shard`` in 8 MiB reads, bypassing
-    the page cache where the OS allows it, measured twice: one read at a time, then
-    ``DISK_READERS`` in flight (how the engine streams experts; an SSD may need a queue to
-    reach its speed). Returns (one at a time, in flight, whether direct I/O was used)."""
-    one, direct = _core.disk_read_gbs(str(shard), nbytes, 1)
-    many, direct_many = _core.disk_read_gbs(str(shard), nbytes, DISK_READERS)
-    return float(one), float(many), bool(direct and direct_many)
-
-
-def disk_read_gbs(model_dir: Path, nbytes: int = 1 << 30) -> Tuple[float, str, Dict[str, float]]:
-    """``disk_probe`` on the checkpoint's largest shard. Returns the better of its two figures
-    (the disk's speed as the engine can use it), how it was measured, and both figures."""
-    shards = sorted(Path(model_dir).glob("*.safetensors"), key=lambda p: p.stat().st_size)
-    if not shards:
-        raise FileNotFoundError(f"{model_dir}: no .safetensors files")
-    path = shards[-1]
-    one, many, direct = disk_probe(path, nbytes)
-    how = "direct I/O" if direct else "buffered (direct I/O refused; may hit the page cache)"
-    return (
-        max(one, many),
-        f"_core.disk_read_gbs, {how}, 8 MiB reads: {one:.2f} GB/s one at a time, "
-        f"{many:.2f} GB/s {DISK_READERS} in flight, {path.name}",
-        {"one_reader": one, "parallel": many},
-    )
-
-
-def fma_peak_gflops(threads: Optional[int]) -> float:
-    return float(_core.fma_peak_gflops(threads or os.cpu_count() or 1))
-
-
 def peak_rss_gb() -> float:
     """Peak resident set size of this process in GB (NaN where the OS does not say)."""
     try:
@@ -397,26 +287,12 @@ def run_bench(
             ),
         }
     )
-    lim = limit_tok_s(
-        acc["dense_bytes_per_token"],
-        mem,
-        cfg.num_hidden_layers,
-        cfg.num_experts_per_tok,
-        hit_rate,
-        acc["expert_bytes"],
-        disk,
-    )
+    k = cfg.num_experts_per_tok
+    bound = (acc["dense_bytes_per_token"], mem, cfg.num_hidden_layers, k, hit_rate)
+    bound += (acc["expert_bytes"], disk)
+    lim = limit_tok_s(*bound)
     res["limit_decode_tok_s"] = lim
-    res["limit_decode_tok_s_dense_only"] = _limit(
-        acc["dense_bytes_per_token"],
-        mem,
-        cfg.num_hidden_layers,
-        cfg.num_experts_per_tok,
-        hit_rate,
-        acc["expert_bytes"],
-        disk,
-        False,
-    )
+    res["limit_decode_tok_s_dense_only"] = _limit(*bound, False)
     res["fraction_of_limit"] = decode_tok_s / lim if lim and math.isfinite(lim) else None
     res["notes"] = notes
     if not quiet:
@@ -543,56 +419,6 @@ def print_table(r: Dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 # Prediction for the full model
 # --------------------------------------------------------------------------------------------
-def published_config(n_layers: int = 43) -> Dict[str, Any]:
-    """The published DeepSeek V4 Flash config.json (``_core.PUBLISHED_CONFIG``), cut to its
-    first ``n_layers`` layers (43 is the whole model)."""
-    d: Dict[str, Any] = json.loads(_core.PUBLISHED_CONFIG)
-    layers = d["num_hidden_layers"]
-    if not 1 <= n_layers <= layers:
-        raise ValueError(f"n_layers must be in 1..{layers}, got {n_layers}")
-    d["num_hidden_layers"] = n_layers
-    d["compress_ratios"] = d["compress_ratios"][:n_layers]
-    d["num_hash_layers"] = min(d["num_hash_layers"], n_layers)
-    return d
-
-
-def real_model_bytes(n_layers: int = 43) -> Dict[str, float]:
-    """Dense and expert sizes of the published checkpoint (its first ``n_layers`` layers; 43 is
-    the whole model): the engine's tensor table for the published config, each tensor in the
-    dtype the release stores it in (the table's first).
-
-    ``dense_resident_bytes`` is what the engine keeps in memory and its planner counts as
-    dense: every tensor but the routed experts, the embedding and the head included.
-    ``dense_bytes_per_token`` is what a decode step reads of it: the same with one row of the
-    embedding and of each ``tid2eid``."""
-    d = published_config(n_layers)
-    resident = per_token = expert_total = embed = 0
-    n_parts = 0
-    for name, dtypes, shape in _core.expected_tensors(d):
-        item = ITEMSIZE[dtypes[0]]
-        nbytes = math.prod(shape) * item
-        if _core.is_routed_expert(name):
-            expert_total += nbytes
-            n_parts += 1
-            continue
-        resident += nbytes
-        if name == "embed.weight":
-            embed = nbytes
-        if name == "embed.weight" or name.endswith(".gate.tid2eid"):
-            per_token += shape[-1] * item  # one row per token
-        else:
-            per_token += nbytes
-    return {
-        "dense_bytes_per_token": float(per_token),
-        "dense_resident_bytes": float(resident),
-        "embed_bytes": float(embed),
-        "expert_bytes": float(expert_total * 6 // max(n_parts, 1)),
-        "layers": float(n_layers),
-        "experts": float(d["n_routed_experts"]),
-        "topk": float(d["num_experts_per_tok"]),
-    }
-
-
 def emulated_cache_mb(full_ram_gb: float, layers: int, overhead_gb: float = 1.5) -> float:
     """Expert cache (MiB) that gives an ``layers``-layer checkpoint the same experts-per-layer
     share as the full 43-layer model would have under a ``full_ram_gb`` budget (so a short
@@ -601,62 +427,6 @@ def emulated_cache_mb(full_ram_gb: float, layers: int, overhead_gb: float = 1.5)
     cache = max(0.0, full_ram_gb * GB - m["dense_resident_bytes"] - overhead_gb * GB)
     per_layer = cache / m["expert_bytes"] / m["layers"]
     return max(1.0, per_layer * layers * m["expert_bytes"] / (1 << 20))
-
-
-def zipf_hit_rate(slots_per_layer: float, n_experts: int = 256, s: float = 1.0) -> float:
-    """Hit rate of a cache holding the `slots` most popular experts of each layer when
-    selections follow Zipf(s) (the synthetic checkpoint's distribution): H_s(c) / H_s(E)."""
-    c = max(0, min(n_experts, int(slots_per_layer)))
-    w = np.arange(1, n_experts + 1, dtype=np.float64) ** -s
-    return float(w[:c].sum() / w.sum())
-
-
-def predict_table(
-    ram_gbs: Iterable[float] = (16, 24, 32, 64),
-    disk_gbss: Iterable[float] = (1.5, 3.5, 7.0),
-    mem_gbs: float = 50.0,
-    overhead_gb: float = 1.5,
-    zipf: float = 1.0,
-) -> List[Dict[str, float]]:
-    """Predicted decode tok/s of the full 43-layer model per RAM budget and disk speed.
-
-    The dense part stays resident, the embedding and the head included, as the engine keeps
-    them (a decode step reads one row of the embedding); what the budget leaves after
-    ``overhead_gb`` (KV cache, activations, runtime) holds experts; the
-    cache is assumed to keep each layer's most popular experts under Zipf(``zipf``)
-    popularity; the bound is the limit formula above at memory bandwidth ``mem_gbs``."""
-    m = real_model_bytes()
-    rows = []
-    for ram in ram_gbs:
-        cache = max(0.0, ram * GB - m["dense_resident_bytes"] - overhead_gb * GB)
-        slots = cache / m["expert_bytes"]
-        hit = zipf_hit_rate(slots / m["layers"], int(m["experts"]), zipf)
-        for disk in disk_gbss:
-            tok_s = limit_tok_s(
-                m["dense_bytes_per_token"],
-                mem_gbs,
-                int(m["layers"]),
-                int(m["topk"]),
-                hit,
-                m["expert_bytes"],
-                disk,
-            )
-            rows.append(
-                {
-                    "ram_gb": float(ram),
-                    "disk_gbs": float(disk),
-                    "mem_gbs": float(mem_gbs),
-                    "cached_experts": float(int(slots)),
-                    "hit_rate": hit,
-                    "disk_gb_per_token": m["layers"]
-                    * m["topk"]
-                    * (1 - hit)
-                    * m["expert_bytes"]
-                    / GB,
-                    "limit_tok_s": tok_s,
-                }
-            )
-    return rows
 
 
 def print_predict(rows: List[Dict[str, float]]) -> None:

@@ -9,76 +9,56 @@ The file is read exactly as DeepSeek publishes it (legacy keys ``compress_ratios
 sparse attention (with the lightning indexer), any other m = heavily compressed attention with
 ratio m. Entries of ``compress_ratios`` after the layers' belong to the drafter (0731's DSpark
 stages; the first release's MTP block). Unknown keys are ignored.
+
+``Config`` has one field per key of the core's summary (``_core.CONFIG_KEYS``, from the key
+table in ``rust/config.rs``), plus ``raw``: nothing here lists the keys again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import field, make_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Tuple, Union
 
 from . import _core
 
 
-@dataclass(frozen=True)
-class Config:
-    """The validated model configuration (the fields the engine uses), as
-    ``_core.validate_config`` returns it: ``compress_ratios`` as written (one per layer, then
-    the drafter's), ``layer_types`` one per layer, ``drafter`` None or ``{"kind": "mtp" |
-    "dspark", "blocks": n}``, the ``dspark_*`` keys of a DSpark drafter, ``rope_scaling`` with
-    its defaults filled in, ``raw`` the whole file as parsed."""
+def _to_json(self: Any) -> Dict[str, Any]:
+    """The validated values under config.json's names: a config the core accepts as it is,
+    describing the same model (``_core.config_json``)."""
+    return _core.config_json({k: getattr(self, k) for k in _core.CONFIG_KEYS})
 
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    head_dim: int
-    qk_rope_head_dim: int
-    q_lora_rank: int
-    o_groups: int
-    o_lora_rank: int
-    n_routed_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    sliding_window: int
-    hc_mult: int
-    hc_sinkhorn_iters: int
-    index_n_heads: int
-    index_head_dim: int
-    index_topk: int
-    routed_scaling_factor: float
-    swiglu_limit: float
-    rope_theta: float
-    compress_rope_theta: float
-    hc_eps: float
-    rms_norm_eps: float
-    num_hash_layers: int
-    compress_ratios: List[int]
-    layer_types: List[str]
-    bos_token_id: int = 0
-    eos_token_id: int = 1
-    max_position_embeddings: int = 1 << 20
-    rope_scaling: Optional[Dict[str, Any]] = None
-    num_nextn_predict_layers: int = 0
-    dspark_block_size: Optional[int] = None
-    dspark_noise_token_id: Optional[int] = None
-    dspark_target_layer_ids: Optional[List[int]] = None
-    dspark_markov_rank: Optional[int] = None
-    drafter: Optional[Dict[str, Any]] = None
-    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @property
-    def n_layers(self) -> int:
-        return self.num_hidden_layers
+_DOC = """The validated model configuration, as ``_core.validate_config`` returns it: one field per
+    key the engine reads, under config.json's names (``compress_ratios`` as written, one per
+    layer then the drafter's; ``rope_scaling`` with its defaults filled in; the ``dspark_*``
+    keys of a DSpark drafter, else None), ``layer_types`` one per layer, ``drafter`` None or
+    ``{"kind": "mtp" | "dspark", "blocks": n}``, and ``raw`` the whole file as parsed."""
 
-    def to_json(self) -> Dict[str, Any]:
-        """The validated values under config.json's names: a config the core accepts as it is,
-        describing the same model."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        for k in ("layer_types", "drafter", "raw"):
-            del d[k]
-        d = {k: v for k, v in d.items() if not (k.startswith("dspark_") and v is None)}
-        return {"model_type": "deepseek_v4", **d}
+if TYPE_CHECKING:
+
+    class Config:
+        raw: Dict[str, Any]
+
+        def __init__(self, **values: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+        @property
+        def n_layers(self) -> int: ...
+        def to_json(self) -> Dict[str, Any]: ...
+
+else:
+    Config = make_dataclass(
+        "Config",
+        [(k, Any) for k in _core.CONFIG_KEYS]
+        + [("raw", Dict[str, Any], field(default_factory=dict, repr=False, compare=False))],
+        frozen=True,
+        namespace={
+            "__doc__": _DOC,
+            "__module__": __name__,
+            "n_layers": property(lambda self: self.num_hidden_layers),
+            "to_json": _to_json,
+        },
+    )
 
 
 def validate(d: Any) -> Config:

@@ -9,9 +9,9 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from . import _core, kernel_tier
+from . import _core, kernel_tier, limits
 from .config import Config
 from .units import GB, gb, plural
 
@@ -183,12 +183,6 @@ def plan_table(plan: Dict[str, Any]) -> List[Tuple[str, str]]:
 
 MEM_PROBE_BYTES = 256 << 20  # well past any last-level cache, and quick
 DISK_PROBE_BYTES = 1 << 30  # as bench measures it
-# io_uring_setup(2): one number on every architecture with the unified syscall table
-_IO_URING_SETUP = {
-    m: 425
-    for m in ("x86_64", "amd64", "i386", "i686", "aarch64", "armv7l", "riscv64", "ppc64le")
-    + ("s390x", "loongarch64")
-}
 
 
 def _cgroup_cpu_quota(
@@ -245,50 +239,11 @@ def thread_warning(threads: Optional[int], cores: Optional[int] = None) -> Optio
     )
 
 
-def io_uring_status(
-    syscall: Optional[Callable[[int], Tuple[int, int]]] = None,
-) -> Tuple[Optional[bool], str]:
-    """(io_uring usable by the engine?, why): asks the kernel for a ring as the engine does
-    (``io_uring_setup``, 64 entries) and closes it. None where it cannot be asked."""
-    if os.environ.get("V4FLASH_IO_URING") == "0":
-        return False, "turned off by V4FLASH_IO_URING=0"
-    if not sys.platform.startswith("linux"):
-        return False, f"Linux only (this is {sys.platform})"
-    import errno
-    import platform
-
-    nr = _IO_URING_SETUP.get(platform.machine())
-    if nr is None:
-        return None, f"not probed on {platform.machine()}"
-    fd, err = (syscall or _io_uring_setup)(nr)
-    if fd >= 0:
-        return True, "available"
-    if err == errno.ENOSYS:
-        return False, "this kernel has no io_uring (Linux before 5.1, or built without it)"
-    if err == errno.EPERM:
-        try:
-            sysctl = Path("/proc/sys/kernel/io_uring_disabled").read_text().strip()
-        except OSError:
-            sysctl = ""
-        why = (
-            f"kernel.io_uring_disabled = {sysctl}"
-            if sysctl not in ("", "0")
-            else "a container's seccomp profile, most likely"
-        )
-        return False, f"refused by the system ({why})"
-    return False, f"io_uring_setup failed: {os.strerror(err)}"
-
-
-def _io_uring_setup(nr: int) -> Tuple[int, int]:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
-    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_uint(64), params)
-    err = ctypes.get_errno()
-    if fd >= 0:
-        os.close(fd)
-    return int(fd), int(err)
+def io_uring_status() -> Tuple[Optional[bool], str]:
+    """(io_uring usable by the engine?, why): the core asks for a ring as the engine does and
+    lets it go (``_core.io_uring_probe``), unless ``V4FLASH_IO_URING=0`` turned it off. None
+    where it cannot be asked."""
+    return _core.io_uring_probe()
 
 
 def transparent_hugepages(
@@ -303,24 +258,10 @@ def transparent_hugepages(
     return m.group(1) if m else None
 
 
-def memory_bytes(meminfo: str = "/proc/meminfo") -> Tuple[Optional[int], Optional[int]]:
-    """(total, available) memory: Linux ``MemTotal``/``MemAvailable`` (what the planner uses),
-    elsewhere ``sysconf``."""
-    try:
-        vals = {}
-        for line in Path(meminfo).read_text().splitlines():
-            k, _, v = line.partition(":")
-            if k in ("MemTotal", "MemAvailable"):
-                vals[k] = int(v.split()[0]) * 1024
-        if "MemTotal" in vals:
-            return vals["MemTotal"], vals.get("MemAvailable")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        size = os.sysconf("SC_PAGE_SIZE")
-        return os.sysconf("SC_PHYS_PAGES") * size, os.sysconf("SC_AVPHYS_PAGES") * size
-    except (ValueError, OSError, AttributeError):
-        return None, None
+def memory_bytes() -> Tuple[Optional[int], Optional[int]]:
+    """(total, available) memory as the planner reads it (``_core.memory_info``: Linux
+    ``MemTotal``/``MemAvailable``), None where the OS does not say."""
+    return _core.memory_info()
 
 
 def filesystem_of(path: os.PathLike, mounts: str = "/proc/self/mounts") -> Optional[str]:
@@ -361,8 +302,6 @@ def machine_checks(
     checkpoint's own disk (on ``shard``, its largest file), io_uring and O_DIRECT, memory
     bandwidth, and the decode speed ``bench --predict``'s formula expects for the full model at
     this ``--ram`` (else ``room_bytes``, the room the planner would take) on this machine."""
-    from . import bench
-
     rows: List[Tuple[str, str, str]] = []
     cores = usable_cores()
     rows.append(("ok", "kernels", f"{kernel_tier()} (cpus {os.cpu_count()})"))
@@ -421,7 +360,7 @@ def machine_checks(
         rows.append(("warn", "disk", "no shard to read: the disk speed is not measured"))
     else:
         try:
-            one, many, direct = bench.disk_probe(shard, DISK_PROBE_BYTES)
+            one, many, direct = limits.disk_probe(shard, DISK_PROBE_BYTES)
             disk = max(one, many)
             size = os.stat(shard).st_size
             read = min(size, DISK_PROBE_BYTES)
@@ -429,7 +368,7 @@ def machine_checks(
             text = (
                 f"{'direct' if direct else 'buffered'} reads at {disk:.2f} GB/s "
                 f"({shard.name}, {gb(read)} in 8 MiB reads: {one:.2f} GB/s one at a time, "
-                f"{many:.2f} GB/s {bench.DISK_READERS} in flight)"
+                f"{many:.2f} GB/s {limits.DISK_READERS} in flight)"
                 + (f" on {fs}" if fs else "")
                 + (" (a small file: a rough figure)" if size < (256 << 20) else "")
             )
@@ -459,7 +398,7 @@ def machine_checks(
     t = threads or cores
     mem = None
     try:
-        mem, _ = bench.mem_read_gbs(MEM_PROBE_BYTES, t)
+        mem, _ = limits.mem_read_gbs(MEM_PROBE_BYTES, t)
         rows.append(
             ("ok", "memory bandwidth", f"{mem:.1f} GB/s streaming reads ({plural(t, 'thread')})")
         )
@@ -473,10 +412,8 @@ def machine_checks(
 
 
 def _expected_row(ram: float, given: bool, mem: float, disk: float) -> Tuple[str, str, str]:
-    from . import bench
-
-    m = bench.real_model_bytes()
-    r = bench.predict_table(ram_gbs=[ram], disk_gbss=[disk], mem_gbs=mem)[0]
+    m = limits.real_model_bytes()
+    r = limits.predict_table(ram_gbs=[ram], disk_gbss=[disk], mem_gbs=mem)[0]
     at = f"--ram {ram:g}" if given else f"{ram:.1f} GB (no --ram: the room the planner takes)"
     text = (
         f"{r['limit_tok_s']:.2f} tok/s at most for the full DeepSeek V4 Flash at {at} on this "

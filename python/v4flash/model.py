@@ -1,13 +1,15 @@
 """The Python face of the engine: ``load`` → ``Model`` → ``Session``.
 
-Arguments are checked here (``ValueError`` with the argument's name) and converted into plain
-values; the Rust core runs the work with the GIL released and stops cleanly on Ctrl-C.
+Token ids are converted here (``ValueError`` naming the argument); everything else is checked
+by the Rust core (load options: ``LoadOptions::set``; sampling: ``SampleParams``; token ids
+against the vocabulary), which runs the work with the GIL released and stops cleanly on
+Ctrl-C.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Union
@@ -35,14 +37,6 @@ def _ids(ids: IdsLike, name: str = "ids", allow_empty: bool = False) -> List[int
     return out
 
 
-def _int_arg(v: Any, name: str, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return int(v)
-
-
 class SampleParams(NamedTuple):
     """Sampling parameters checked by the core (``sample_params``)."""
 
@@ -59,6 +53,11 @@ def sample_params(
     ``SampleParams::new`` in ``rust/model/sample.rs``); ``seed`` None draws a random one.
     ``ValueError`` names the parameter first (``"top_p must be in (0, 1], got 2"``)."""
     return SampleParams(*_core.sample_params(temperature, top_p, top_k, seed))
+
+
+def _tokens(stream: Any) -> Iterator[int]:
+    # a generator over the core's stream (checked already): one core step per next()
+    yield from stream
 
 
 class Session:
@@ -85,7 +84,7 @@ class Session:
         this thread as the engine works through the prompt layer by layer (``done`` tokens of
         ``total``, in whole-model units); an exception it raises stops the prefill, leaves the
         session as it was, and propagates."""
-        ids = self._model._check(_ids(ids))
+        ids = _ids(ids)
         if progress is None:
             self._core.feed(ids)
             return
@@ -98,26 +97,20 @@ class Session:
         or None while a sampled token waits to be fed or before anything was fed."""
         return self._core.last_logits()
 
-    def generate(
-        self,
-        ids: IdsLike = (),
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: Optional[int] = None,
-        stop_ids: Optional[Sequence[int]] = None,
-    ) -> List[int]:
+    def generate(self, *args: Any, **kw: Any) -> List[int]:
         """Feeds ``ids`` then returns up to ``max_new_tokens`` new tokens (greedy when
         temperature is 0), stopping after a stop id (default: EOS). Ctrl-C raises
         ``KeyboardInterrupt``; the tokens produced so far stay in the session
-        (``Session.tokens``) and the session stays usable."""
-        first, n, s, stops = self._prepare(
-            ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids
-        )
-        return list(self._core.generate(first, n, s.temperature, s.top_p, s.top_k, s.seed, stops))
+        (``Session.tokens``) and the session stays usable. The arguments are
+        ``_generation``'s."""
+        return self._generation(*args, **kw).collect()
 
-    def stream(
+    def stream(self, *args: Any, **kw: Any) -> Iterator[int]:
+        """Like ``generate`` (the same arguments) but yields each token as soon as it is
+        sampled."""
+        return _tokens(self._generation(*args, **kw))
+
+    def _generation(
         self,
         ids: IdsLike = (),
         max_new_tokens: int = 256,
@@ -126,24 +119,18 @@ class Session:
         top_k: int = 0,
         seed: Optional[int] = None,
         stop_ids: Optional[Sequence[int]] = None,
-    ) -> Iterator[int]:
-        """Like ``generate`` but yields each token as soon as it is sampled."""
-        first, n, s, stops = self._prepare(
-            ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids
-        )
-        return self._stream(first, n, s, stops)
-
-    def _prepare(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids):
-        """Checks the arguments shared by ``generate`` and ``stream``."""
-        n = _int_arg(max_new_tokens, "max_new_tokens", 1)
+    ) -> Any:
+        """The core's generation for ``generate`` and ``stream``, checked (one core step per
+        token: the core feeds, seeds step i with seed + i and stops at a stop id,
+        ``max_new_tokens`` or a full context); nothing runs until it is iterated or
+        collected."""
         s = sample_params(temperature, top_p, top_k, seed)
-        stops = self._model._stops(stop_ids)
-        return self._model._check(_ids(ids, allow_empty=True)), n, s, stops
-
-    def _stream(self, first, n, s, stops) -> Iterator[int]:
-        # one core step per token: the core feeds, seeds step i with seed + i and stops (stop
-        # id, max_new_tokens, full context) exactly as generate does
-        yield from self._core.stream(first, n, s.temperature, s.top_p, s.top_k, s.seed, stops)
+        stops = [self._model.config.eos_token_id] if stop_ids is None else stop_ids
+        stops = _ids(stops, "stop_ids", allow_empty=True)
+        first = _ids(ids, allow_empty=True)
+        return self._core.stream(
+            first, max_new_tokens, s.temperature, s.top_p, s.top_k, s.seed, stops
+        )
 
     def snapshot(self) -> Any:
         """A restorable point at the current position."""
@@ -178,6 +165,17 @@ class Session:
         return self._core.save(os.fspath(path), snapshot, meta)
 
 
+# generate and stream take _generation's arguments (written once, there); help() shows them
+_GENERATION = inspect.signature(Session._generation)
+for _name, _returns in (("generate", List[int]), ("stream", Iterator[int])):
+    getattr(Session, _name).__signature__ = _GENERATION.replace(return_annotation=_returns)
+
+
+def _core_property(name: str, doc: str) -> Any:
+    """A read-only attribute: the core model's ``name``."""
+    return property(lambda self: getattr(self._core, name), doc=doc)
+
+
 class Model:
     """A loaded checkpoint. Create with :func:`v4flash.load`."""
 
@@ -192,29 +190,15 @@ class Model:
             f"threads={self.threads}, kernels={_core.kernel_tier()})"
         )
 
-    @property
-    def threads(self) -> int:
-        return self._core.threads
-
-    @property
-    def ctx(self) -> int:
-        return self._core.ctx
-
-    def _check(self, ids: List[int]) -> List[int]:
-        v = self.config.vocab_size
-        for i in ids:
-            if i >= v:
-                raise ValueError(f"token id {i} is out of the vocabulary (0..{v - 1})")
-        return ids
-
-    def _stops(self, stop_ids: Optional[Sequence[int]]) -> List[int]:
-        if stop_ids is None:
-            return [self.config.eos_token_id]
-        return self._check(_ids(stop_ids, "stop_ids", allow_empty=True))
+    threads = _core_property("threads", "Compute threads.")
+    ctx = _core_property("ctx", "Tokens per session at most.")
+    io_mode = _core_property("io_mode", "The expert store's I/O mode as it runs.")
+    cache_policy = _core_property("policy", "The expert cache's eviction policy.")
+    numerics = _core_property("numerics", "The numerics mode (one of ``NUMERICS``).")
 
     def logits(self, ids: IdsLike) -> np.ndarray:
         """float32 [len(ids), vocab]: teacher-forced logits from a fresh state."""
-        return self._core.logits(self._check(_ids(ids)))
+        return self._core.logits(_ids(ids))
 
     def session(self) -> Session:
         return Session(self, self._core.session())
@@ -240,28 +224,14 @@ class Model:
         return self.session().stream(_ids(ids), **kw)
 
     def plan(self) -> Dict[str, Any]:
-        """The memory plan this model was loaded with (bytes, slots)."""
-        return dict(self._core.plan())
-
-    @property
-    def io_mode(self) -> str:
-        return self._core.io_mode
-
-    @property
-    def cache_policy(self) -> str:
-        return self._core.policy
-
-    @property
-    def numerics(self) -> str:
-        """``exact`` or ``fast`` (see ``load``)."""
-        return self._core.numerics
+        """The memory plan this model was loaded with (bytes, slots) and its switches
+        (``tuning``)."""
+        return self._core.plan()
 
     def stats(self) -> Dict[str, Any]:
-        """Counters: tokens, timings, expert cache figures."""
-        d = dict(self._core.stats())
-        req = d.get("expert_requests", 0)
-        d["expert_hit_rate"] = d["expert_hits"] / req if req else None
-        return d
+        """Counters: tokens, timings, expert cache figures (``expert_hit_rate``: None before
+        any request), and what the model runs with (``tuning``: the switches in force)."""
+        return self._core.stats()
 
     # --- text level (python/v4flash/textapi.py) ----------------------------------------------
 
@@ -305,98 +275,53 @@ class Model:
         return complete_stream(self, text, **kw)
 
 
-def _ram_bytes(ram_gb: Optional[float]) -> Optional[int]:
-    if ram_gb is None:
-        return None
-    if isinstance(ram_gb, bool) or not isinstance(ram_gb, (int, float)):
-        raise ValueError(f"ram_gb must be a number of gigabytes, got {ram_gb!r}")
-    if not math.isfinite(ram_gb) or ram_gb <= 0:
-        raise ValueError(f"ram_gb must be a positive number of gigabytes, got {ram_gb}")
-    if ram_gb > 1 << 20:
-        raise ValueError(f"ram_gb = {ram_gb} is absurd (more than a petabyte)")
-    return int(ram_gb * 1e9)
-
-
-def _cache_bytes(expert_cache_mb: Optional[float]) -> Optional[int]:
-    if expert_cache_mb is None:
-        return None
-    if isinstance(expert_cache_mb, bool) or not isinstance(expert_cache_mb, (int, float)):
-        raise ValueError(f"expert_cache_mb must be a number, got {expert_cache_mb!r}")
-    if not math.isfinite(expert_cache_mb) or expert_cache_mb <= 0:
-        raise ValueError(f"expert_cache_mb must be a positive number, got {expert_cache_mb}")
-    return max(1, int(expert_cache_mb * (1 << 20)))
-
-
 def plan(
-    path: Union[str, os.PathLike],
-    ram_gb: Optional[float] = None,
-    *,
-    ctx: Optional[int] = None,
-    expert_cache_mb: Optional[float] = None,
+    path: Union[str, os.PathLike], ram_gb: Optional[float] = None, **options: Any
 ) -> Dict[str, Any]:
-    """The memory plan for a checkpoint and budget, without loading any weights.
+    """The memory plan for a checkpoint and budget, without loading any weights: the options
+    of :func:`load` (the planner uses ``ram_gb``, ``ctx`` and ``expert_cache_mb``), and the
+    switches a load would run with (``tuning``).
 
     Raises ``MemoryError`` with the needed size when the budget is too small."""
     p = Path(path)
     load_config(p)
-    if ctx is not None:
-        ctx = _int_arg(ctx, "ctx", 1)
-    return dict(
-        _core.plan(
-            str(p),
-            ram_bytes=_ram_bytes(ram_gb),
-            ctx=ctx,
-            expert_cache_bytes=_cache_bytes(expert_cache_mb),
-        )
-    )
+    return _core.plan(str(p), ram_gb=ram_gb, **options)
 
 
 def load(
     path: Union[str, os.PathLike],
     ram_gb: Optional[float] = None,
     threads: Optional[int] = None,
-    *,
-    expert_cache_mb: Optional[float] = None,
-    ctx: Optional[int] = None,
-    io: str = "direct",
-    cache_policy: str = "freq-decay",
-    io_threads: int = 8,
-    numerics: str = "exact",
+    **options: Any,
 ) -> Model:
     """Validates the checkpoint at ``path`` and loads its dense part.
 
-    ``ram_gb`` is a budget for the whole process's resident memory (the planner splits it
-    between dense weights, session state, scratch and the expert cache; default: available
-    memory minus a margin); ``expert_cache_mb`` sizes the routed-expert cache directly;
-    ``threads`` defaults to all cores; ``ctx`` caps the tokens per session (default: the
-    smaller of the model's maximum and 65,536). ``io`` is ``direct`` (O_DIRECT/F_NOCACHE
-    where the OS allows it, else buffered), ``buffered`` (the portable pread path) or
-    ``mmap``; ``cache_policy`` is ``freq-decay`` or ``lru``. ``numerics`` is one of
-    ``NUMERICS``: ``exact`` (float32 activations, the mode checked against the reference),
-    ``fast`` (bf16 activations and ``vdpbf16ps`` products for every FP8/FP4 product where the
-    CPU has avx512_bf16, else int8 activations per 32-column block for the FP4 expert
-    products) or
-    ``fp8-act`` (DeepSeek's FP8 activation round trip before every FP8/FP4 product, a
-    yardstick) or ``official`` (what DeepSeek's reference inference computes: that round trip,
-    plus FP8 KV entries and a Hadamard-rotated FP4 indexer); ``benches/fidelity.py`` and
-    ``benches/official.py`` measure how far each moves the output.
+    The options (``_core.LOAD_OPTIONS``; each checked by the core, ``ValueError`` naming it;
+    an unknown one is a ``TypeError``):
+
+    - ``ram_gb``: a budget for the whole process's resident memory, in GB (the planner splits
+      it between dense weights, session state, scratch and the expert cache; default:
+      available memory minus a margin);
+    - ``threads``: compute threads (default: all cores);
+    - ``expert_cache_mb``: sizes the routed-expert cache directly;
+    - ``ctx``: the tokens per session (default: the smaller of the model's maximum and
+      65,536);
+    - ``io``: ``direct`` (O_DIRECT/F_NOCACHE where the OS allows it, else buffered, the
+      default), ``buffered`` (the portable pread path) or ``mmap``; ``io_threads``: the pread
+      pool's threads (default 8);
+    - ``cache_policy``: ``freq-decay`` (default) or ``lru``;
+    - ``numerics``: one of ``NUMERICS``: ``exact`` (float32 activations, the mode checked
+      against the reference; default), ``fast`` (bf16 activations and ``vdpbf16ps`` products
+      for every FP8/FP4 product where the CPU has avx512_bf16, else int8 activations per
+      32-column block for the FP4 expert products), ``fp8-act`` (DeepSeek's FP8 activation
+      round trip before every FP8/FP4 product, a yardstick) or ``official`` (what DeepSeek's
+      reference inference computes: that round trip, plus FP8 KV entries and a
+      Hadamard-rotated FP4 indexer); ``benches/fidelity.py`` and ``benches/official.py``
+      measure how far each moves the output;
+    - ``lookahead``, ``prefault``, ``io_uring``: this model's switches (default: the
+      environment's ``V4FLASH_LOOKAHEAD``, ``V4FLASH_PREFAULT``, ``V4FLASH_IO_URING``; on).
     """
     p = Path(path)
     config = load_config(p)
-    if threads is not None:
-        threads = _int_arg(threads, "threads", 1)
-    if ctx is not None:
-        ctx = _int_arg(ctx, "ctx", 1)
-    io_threads = _int_arg(io_threads, "io_threads", 1)
-    core = _core.Model.load(
-        str(p),
-        threads=threads,
-        expert_cache_bytes=_cache_bytes(expert_cache_mb),
-        ctx=ctx,
-        ram_bytes=_ram_bytes(ram_gb),
-        io=io,
-        policy=cache_policy,
-        io_threads=io_threads,
-        numerics=numerics,
-    )
+    core = _core.Model.load(str(p), ram_gb=ram_gb, threads=threads, **options)
     return Model(core, config, p)

@@ -9,9 +9,11 @@
 //! never a reason to refuse the model. A drafter-only shard (the index maps nothing else to
 //! it) that cannot be read is left out the same way by `Checkpoint::open`.
 
-use super::expected::{drafter_tensors, expected_tensors, is_drafter, is_routed_expert};
+use super::expected::{drafter_tensors, expected_tensors, is_drafter};
+use super::sizes::TableBytes;
 use super::{drafter_only, parse_index_bytes, Checkpoint, Shard};
 use crate::config::{self, Drafter, ModelConfig};
+use crate::dtype::DType;
 use crate::error::Error;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -49,15 +51,6 @@ pub struct Entry {
     pub shape: Vec<usize>,
     pub nbytes: u64,
     pub shard: String,
-}
-
-/// Bytes of the tensors found, by what they are.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Sizes {
-    /// Everything the engine keeps resident: neither a routed expert nor the drafter's.
-    pub dense: u64,
-    pub experts: u64,
-    pub drafter: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -101,10 +94,13 @@ pub struct Inspection {
     pub config: Option<ModelConfig>,
     /// The validated config's summary (`config::validate_json`), what Python's `Config` holds.
     pub config_summary: Option<Value>,
+    /// The whole config.json as parsed, when it validated.
+    pub config_raw: Option<Value>,
     /// The shards that exist, with their sizes, in the index's order.
     pub shards: Vec<(String, u64)>,
     pub tensors: Vec<Entry>,
-    pub sizes: Sizes,
+    /// Bytes of the tensors found, by what they are.
+    pub sizes: TableBytes,
     pub drafter: Option<DrafterReport>,
 }
 
@@ -172,12 +168,14 @@ pub fn inspect(dir: &Path) -> Inspection {
             dir.display()
         )))
     } else {
-        config::read_json(&cfg_path).and_then(|v| config::validate_json(&v))
+        config::read_json(&cfg_path)
+            .and_then(|v| config::validate_json(&v).map(|(c, summary)| (c, summary, v)))
     };
     let c = match config {
-        Ok((c, summary)) => {
+        Ok((c, summary, raw)) => {
             ins.add(Status::Ok, "config.json", config_line(&c));
             ins.config_summary = Some(summary);
+            ins.config_raw = Some(raw);
             c
         }
         Err(e) => {
@@ -335,13 +333,8 @@ pub fn inspect(dir: &Path) -> Inspection {
     }
 
     for e in &ins.tensors {
-        if is_drafter(&e.name) {
-            ins.sizes.drafter += e.nbytes;
-        } else if is_routed_expert(&e.name) {
-            ins.sizes.experts += e.nbytes;
-        } else {
-            ins.sizes.dense += e.nbytes;
-        }
+        let dtype = DType::from_safetensors(e.dtype);
+        ins.sizes.add(&e.name, dtype, &e.shape, e.nbytes);
     }
 
     // --- the tensor table the engine needs --------------------------------------------------

@@ -7,6 +7,7 @@ pub mod expected;
 pub mod inspect;
 mod io;
 pub mod safetensors;
+pub mod sizes;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

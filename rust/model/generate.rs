@@ -14,7 +14,7 @@
 
 use super::sample::{SampleParams, Sampler};
 use super::session::file as session_file;
-use super::session::{Snapshot as StateSnapshot, State};
+use super::session::{Snapshot, State};
 use super::{Model, Want};
 use crate::error::{Error, Result};
 use std::path::Path;
@@ -32,29 +32,6 @@ pub struct Session {
     /// the state holds at least one token (a rollback restores them from the snapshot), so
     /// generation can always continue from where the session stands.
     last: Option<Vec<f32>>,
-}
-
-/// A restorable point of a session.
-///
-/// It keeps the logits after its last token besides the state, so that generating right
-/// after a rollback samples from them. The alternative, recomputing them by re-feeding the
-/// last token, would need the state *before* that token, which the snapshot does not hold
-/// (windows and compressor buffers are overwritten in place; only compressed entries are
-/// append-only): it would take a second snapshot one token earlier (every layer's window
-/// again, far more than one row) plus a decode step per rollback (expert reads from disk).
-/// One vocabulary row (~0.5 MB for V4 Flash, a few percent of the snapshot's windows) costs
-/// less, and restores the logits bit for bit by construction.
-#[derive(Clone)]
-pub struct Snapshot {
-    state: StateSnapshot,
-    last: Option<Vec<f32>>,
-}
-
-impl Snapshot {
-    /// Tokens in the sequence at the snapshot.
-    pub fn pos(&self) -> usize {
-        self.state.pos()
-    }
 }
 
 /// One generation's arguments and progress: the prompt to feed first, the sampling
@@ -245,19 +222,18 @@ impl Session {
     /// snapshot holds the logits to continue from).
     pub fn snapshot<C: Fn() -> bool + Sync>(&mut self, cancel: &C) -> Result<Snapshot> {
         self.flush(&[], cancel)?;
-        Ok(Snapshot {
-            state: self.st.snapshot(),
-            last: self.last.clone(),
-        })
+        let mut snap = self.st.snapshot();
+        snap.logits = self.last.clone();
+        Ok(snap)
     }
 
     /// Returns to `snap` (taken on a session of the same model whose tokens are a prefix of
     /// this one's). On error the session is unchanged.
     pub fn rollback(&mut self, snap: &Snapshot) -> Result<()> {
         // a pending token lies after every snapshot position (snapshots feed it): dropped
-        self.st.rollback(&snap.state)?;
+        self.st.rollback(snap)?;
         self.pending = None;
-        self.last.clone_from(&snap.last);
+        self.last.clone_from(&snap.logits);
         Ok(())
     }
 
@@ -276,7 +252,7 @@ impl Session {
     ) -> Result<u64> {
         let (view, pending, last) = match at {
             None => (self.st.view(), self.pending, self.last.as_deref()),
-            Some(s) => (self.st.view_at(&s.state)?, None, s.last.as_deref()),
+            Some(s) => (self.st.view_at(s)?, None, s.logits.as_deref()),
         };
         let parts = session_file::Parts {
             state: &view,
@@ -325,8 +301,8 @@ mod tests {
     fn load(ctx: Option<usize>) -> Arc<Model> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-a");
         let opts = LoadOptions {
-            threads: Some(1),
-            ctx,
+            threads: std::num::NonZeroUsize::new(1),
+            ctx: ctx.and_then(std::num::NonZeroUsize::new),
             ..LoadOptions::default()
         };
         Arc::new(Model::load(&dir, &opts).expect("the tiny-a fixture loads"))

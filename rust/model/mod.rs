@@ -19,10 +19,7 @@ use crate::error::{Error, Result};
 use crate::kernels::{ops, Numerics};
 use crate::plan::Plan;
 use crate::scratch::{self, Buf};
-use crate::store::io::IoMode;
-use crate::store::policy::Policy;
 use crate::store::{ExpertStore, StoreOptions};
-use crate::tuning::Tuning;
 use attention::{AttnWeights, Ctx, IndexerWeights};
 use compressor::CompressorWeights;
 use hc::HyperConn;
@@ -35,6 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use weights::{Linear, Loader};
+
+pub use crate::options::LoadOptions;
 
 pub struct Layer {
     pub attn_norm: Vec<f32>,
@@ -63,27 +62,6 @@ pub struct Counters {
     pub guess_needed: AtomicU64,
 }
 
-/// Context length when none is given: the memory plan reserves session state for it.
-pub const DEFAULT_CTX: usize = 65536;
-
-pub struct LoadOptions {
-    pub threads: Option<usize>,
-    /// Budget for the whole process's resident memory, in bytes.
-    pub ram_bytes: Option<u64>,
-    pub io: IoMode,
-    pub policy: Policy,
-    pub io_threads: usize,
-    /// Bytes of routed experts held in memory (at least one expert).
-    pub expert_cache_bytes: Option<u64>,
-    /// Context length (tokens per session); defaults to min(max_position_embeddings, DEFAULT_CTX).
-    pub ctx: Option<usize>,
-    /// How activations meet the weights (`kernels::Numerics`).
-    pub numerics: Numerics,
-    /// The per-model switches (`lookahead`, `prefault`, `io_uring`; `Tuning::from_env` by
-    /// default). Its kernel switches are the process's (`Tuning::process`).
-    pub tuning: Tuning,
-}
-
 pub struct Model {
     pub cfg: ModelConfig,
     pub ck: Arc<Checkpoint>,
@@ -107,6 +85,8 @@ pub struct Model {
     /// Whether learned-routing layers prefetch their guessed experts before their attention
     /// (`run_layer`): when the store has a cache to fill and `Tuning::lookahead` is on.
     pub lookahead: bool,
+    /// The switches it was loaded with (`LoadOptions::tuning`).
+    pub tuning: crate::tuning::Tuning,
     pub pool: rayon::ThreadPool,
     pub threads: usize,
     /// Maximum tokens per session.
@@ -120,6 +100,14 @@ pub struct Model {
 
 /// Source of `Model::id`.
 static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What a forward pass polls and tells as it goes: `cancel` (between layers and chunks) and
+/// `report(tokens x layers done)` after each layer.
+#[derive(Clone, Copy)]
+struct Hooks<'a> {
+    cancel: &'a (dyn Fn() -> bool + Sync),
+    report: &'a (dyn Fn(u64) + Sync),
+}
 
 /// What logits a forward call returns.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -142,13 +130,7 @@ impl Model {
     ) -> Result<Model> {
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Arc::new(Checkpoint::open(dir)?);
-        let threads = match opts.threads {
-            Some(0) => return Err(Error::arg("threads must be at least 1")),
-            Some(t) => t,
-            None => std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-        };
+        let threads = opts.threads.map_or_else(crate::probe::cores, |t| t.get());
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("v4flash-{i}"))
@@ -157,15 +139,7 @@ impl Model {
         let ctx = crate::plan::resolve_ctx(&cfg, opts.ctx)?;
         // the embedding first: a checkpoint of another layout is reported by its first tensor
         ck.tensor("embed.weight")?;
-        let slot = crate::store::slot_size(&ck, &cfg)?;
-        let plan = crate::plan::plan(
-            &ck,
-            &cfg,
-            ctx,
-            opts.ram_bytes,
-            opts.expert_cache_bytes,
-            slot as u64,
-        )?;
+        let plan = crate::plan::plan_for(&ck, &cfg, ctx, opts)?;
         let c = &cfg;
         // Every resident tensor checked against the expected table (presence, dtype, shape)
         // before any is read; the embedding first, so a config that describes another model
@@ -181,7 +155,7 @@ impl Model {
                 slots: plan.slots,
                 io: opts.io,
                 policy: opts.policy,
-                io_threads: opts.io_threads,
+                io_threads: opts.io_threads.get(),
                 prefault: opts.tuning.prefault,
                 io_uring: opts.tuning.io_uring,
             },
@@ -220,25 +194,48 @@ impl Model {
             ctx,
             numerics: opts.numerics,
             lookahead,
+            tuning: opts.tuning.clone(),
             resident_bytes,
             counters: Counters::default(),
             id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
+    /// Reads (without computing) `experts` of `layer` into the cache, in waves of at most the
+    /// cache's slots, and returns the wall seconds: the store's cold-read throughput.
+    pub fn read_experts(&self, layer: usize, experts: &[usize]) -> Result<f64> {
+        let c = &self.cfg;
+        if layer >= c.num_layers || experts.iter().any(|&e| e >= c.n_routed_experts) {
+            return Err(Error::arg("layer or expert index out of range"));
+        }
+        let t0 = Instant::now();
+        for wave in experts.chunks(self.experts.max_batch().max(1)) {
+            let mut pins = self.experts.acquire(layer, wave)?;
+            while !self.experts.wait_ready(&mut pins)?.is_empty() {}
+        }
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
     pub fn new_state(&self) -> State {
         State::new(self.cfg.num_layers, self.id)
     }
 
-    /// Checks token ids against the vocabulary.
-    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+    /// Checks token ids (of any width a caller has) against the vocabulary.
+    pub fn check_ids<T: Copy + Into<u64>>(&self, ids: &[T]) -> Result<()> {
+        let v = self.cfg.vocab_size as u64;
+        if let Some(bad) = ids.iter().map(|&t| t.into()).find(|&t| t >= v) {
             return Err(Error::arg(format!(
                 "token id {bad} is out of the vocabulary (0..{})",
-                self.cfg.vocab_size - 1
+                v - 1
             )));
         }
         Ok(())
+    }
+
+    /// A caller's token ids, checked against the vocabulary (`check_ids`), as the model's.
+    pub fn token_ids(&self, ids: &[u64]) -> Result<Vec<u32>> {
+        self.check_ids(ids)?;
+        Ok(ids.iter().map(|&t| t as u32).collect())
     }
 
     /// Runs `ids` through the model, advancing `st`. On error (including cancellation) the
@@ -295,7 +292,7 @@ impl Model {
         // to the plan's scratch and span bytes, and let go when it ends (`scratch`)
         let limit = self.plan.scratch_bytes.saturating_add(self.plan.span_bytes);
         let scope = scratch::global().scope(usize::try_from(limit).unwrap_or(usize::MAX));
-        let r = self.forward_chunks(st, ids, want, cancel, report);
+        let r = self.forward_chunks(st, ids, want, Hooks { cancel, report });
         drop(scope);
         if r.is_err() {
             st.rollback(&snap)?;
@@ -316,8 +313,7 @@ impl Model {
         st: &mut State,
         ids: &[u32],
         want: Want,
-        cancel: &(dyn Fn() -> bool + Sync),
-        report: &(dyn Fn(u64) + Sync),
+        h: Hooks,
     ) -> Result<Vec<f32>> {
         // spans as long as the plan allows (each reads its experts once per layer)
         let size = self.plan.prefill_span.max(self.plan.prefill_chunk).max(1);
@@ -329,7 +325,7 @@ impl Model {
                 Want::Last if si + 1 == n_spans => Want::Last,
                 _ => Want::None,
             };
-            out.extend(self.forward_span(st, span, w, cancel, report)?);
+            out.extend(self.forward_span(st, span, w, h)?);
         }
         Ok(out)
     }
@@ -340,24 +336,12 @@ impl Model {
     /// read at most once per layer per span. Every token's result is bit-identical to any
     /// other split (attention sees the same state; the kernels and the expert sum do not
     /// depend on the batch).
-    fn forward_span(
-        &self,
-        st: &mut State,
-        ids: &[u32],
-        want: Want,
-        cancel: &(dyn Fn() -> bool + Sync),
-        report: &(dyn Fn(u64) + Sync),
-    ) -> Result<Vec<f32>> {
+    fn forward_span(&self, st: &mut State, ids: &[u32], want: Want, h: Hooks) -> Result<Vec<f32>> {
+        let Hooks { cancel, report } = h;
         let c = &self.cfg;
         let n = ids.len();
+        // within the context: `forward_reporting` checked the whole call
         let pos0 = st.pos();
-        if pos0 + n > self.ctx {
-            return Err(Error::arg(format!(
-                "the sequence would reach {} tokens ({pos0} already in the session + {n} new), more than the context of {} tokens (set a larger ctx / --ctx)",
-                pos0 + n,
-                self.ctx
-            )));
-        }
         let mut x = self.embed_streams(ids)?; // [n, hc, H]
         let cx = self.ctx(None);
         // The hash layers' experts are known from the token ids: start reading them now, in
@@ -687,22 +671,6 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
         attn,
         moe,
     })
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            threads: None,
-            ram_bytes: None,
-            io: IoMode::Direct,
-            policy: Policy::default(),
-            io_threads: 8,
-            expert_cache_bytes: None,
-            ctx: None,
-            numerics: Numerics::Exact,
-            tuning: Tuning::from_env(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Token selection: greedy when temperature is 0, else temperature / top-k / top-p sampling
 //! from a seeded generator (SplitMix64), so a given seed always gives the same tokens.
 
+use crate::args::Arg;
 use crate::error::{Error, Result};
 
 #[derive(Clone, Debug)]
@@ -31,6 +32,26 @@ impl SampleParams {
             return Err(Error::arg(format!("top_p must be in (0, 1], got {top_p}")));
         }
         Ok(p)
+    }
+
+    /// The sampling parameters from a caller's arguments: `temperature` and `top_p` numbers
+    /// (default 1), `top_k` an integer >= 0 (default 0, no limit), `seed` an integer >= 0
+    /// (beyond 64 bits its low 64 bits; absent draws one), then `new`'s rules. Also returns
+    /// temperature and top_p as given (f64: the caller keeps what it passed).
+    pub fn from_args(
+        temperature: &Arg,
+        top_p: &Arg,
+        top_k: &Arg,
+        seed: &Arg,
+    ) -> Result<(f64, f64, SampleParams)> {
+        let t = temperature
+            .number("temperature", "a number")?
+            .unwrap_or(1.0);
+        let p = top_p.number("top_p", "a number")?.unwrap_or(1.0);
+        let k = top_k.integer("top_k", 0)?.unwrap_or(0);
+        let seed = seed.integer("seed", 0)?.map(|s| s as u64);
+        let k = usize::try_from(k).unwrap_or(usize::MAX);
+        Ok((t, p, SampleParams::new(t, p, k, seed)?))
     }
 
     pub fn check(&self) -> Result<()> {

@@ -4,6 +4,8 @@
 //! overlap halves), and rollback truncates. `file` saves a state to disk and reads it back.
 
 pub mod file;
+mod format;
+mod identity;
 
 use super::attention::AttnState;
 use super::compressor::CompState;
@@ -34,8 +36,10 @@ impl State {
         self.tokens.len()
     }
 
+    /// A snapshot of this state, without logits (`Snapshot::logits`).
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
+            logits: None,
             owner: self.owner,
             tokens: self.tokens.clone(),
             layers: self
@@ -140,15 +144,30 @@ impl State {
     }
 }
 
+/// A restorable point of a sequence: the state's small mutable parts, the entry counts, and
+/// (a generating session's, `generate::Session::snapshot`) the logits after its last token.
+///
+/// It keeps those logits so that generating right after a rollback samples from them. The
+/// alternative, recomputing them by re-feeding the last token, would need the state *before*
+/// that token, which the snapshot does not hold (windows and compressor buffers are
+/// overwritten in place; only compressed entries are append-only): it would take a second
+/// snapshot one token earlier (every layer's window again, far more than one row) plus a
+/// decode step per rollback (expert reads from disk). One vocabulary row (~0.5 MB for V4
+/// Flash, a few percent of the snapshot's windows) costs less, and restores the logits bit
+/// for bit by construction.
 #[derive(Clone)]
 pub struct Snapshot {
     /// The `Model::id` of the model whose session took it.
     owner: u64,
     pub tokens: Vec<u32>,
     layers: Vec<LayerSnap>,
+    /// The logits after the last token, when the session had them (None for the state's own
+    /// snapshots, `State::snapshot`).
+    pub logits: Option<Vec<f32>>,
 }
 
 impl Snapshot {
+    /// Tokens in the sequence at the snapshot.
     pub fn pos(&self) -> usize {
         self.tokens.len()
     }

@@ -16,7 +16,7 @@ const TOL: f64 = 1e-3;
 fn fixture(name: &str) -> (Arc<Model>, Vec<Value>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
     let opts = LoadOptions {
-        threads: Some(2),
+        threads: std::num::NonZeroUsize::new(2),
         ..LoadOptions::default()
     };
     let m = Model::load(&root.join(name), &opts).expect("the fixture loads");

@@ -37,13 +37,32 @@ use io::{IoMode, ShardFile};
 use mmap::MmapStore;
 use policy::Policy;
 use region::Region;
-use slots::Shared;
+use slots::{Job, Shared};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
-use worker::Job;
 
 pub use layout::slot_size;
+
+/// Whether `--io direct` reads experts with io_uring here, and why not: asks the kernel for a
+/// ring as the engine does (`doctor`). None where it cannot be asked.
+pub fn io_uring_probe(t: &crate::tuning::Tuning) -> (Option<bool>, String) {
+    if !t.io_uring {
+        return (Some(false), "turned off by V4FLASH_IO_URING=0".into());
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let (ok, why) = uring::probe();
+        (Some(ok), why)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        (
+            Some(false),
+            format!("Linux only (this is {})", std::env::consts::OS),
+        )
+    }
+}
 
 /// The smallest wave `max_batch` allows while the cache is cold: a decode step's experts for
 /// one layer (6 for DeepSeek V4 Flash) and a prefill's waves fit without claiming untouched
@@ -265,6 +284,16 @@ impl ExpertStore {
         match &self.backend {
             Backend::Slots(s) => s.sh.region.bytes(),
             Backend::Mmap(_) => 0,
+        }
+    }
+
+    /// The I/O mode as it runs: the mode asked for, or "buffered (direct I/O refused)" when
+    /// the file system refused direct reads.
+    pub fn mode_name(&self) -> &'static str {
+        if self.mode == IoMode::Direct && !self.direct_io() {
+            "buffered (direct I/O refused)"
+        } else {
+            self.mode.name()
         }
     }
 

@@ -34,7 +34,6 @@
 use super::layout::Layout;
 use super::policy::{Policy, Usage};
 use super::region::Region;
-use super::worker::Job;
 use super::StoreCounters;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -43,6 +42,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::io::ShardFile;
+
+/// One expert to read into one slot (the slot is Loading and belongs to this job until the
+/// job is finished).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Job {
+    pub slot: usize,
+    pub key: u32,
+}
 
 /// Why an expert could not be loaded: a read error (OSError in Python) or bad data in the
 /// checkpoint (V4FlashError). Kept cloneable to hand to every waiter.

@@ -131,6 +131,17 @@ fn a_cold_cache_reuses_warm_slots_and_claims_only_what_they_cannot_give() {
     });
 }
 
+/// Runs `f(t)` for t in 0..n on n threads at once; returns when all have finished (a panic
+/// in one fails the test).
+fn on_threads(n: usize, f: impl Fn(usize) + Sync) {
+    std::thread::scope(|s| {
+        for t in 0..n {
+            let f = &f;
+            s.spawn(move || f(t));
+        }
+    });
+}
+
 #[test]
 fn many_callers_on_a_cold_cache_all_finish_within_the_warm_slots() {
     within(120, || {
@@ -138,28 +149,18 @@ fn many_callers_on_a_cold_cache_all_finish_within_the_warm_slots() {
         let r = region_of(&st);
         load_and_check(&st, &ck, 0, &[0, 1]);
         r.pretend_prefaulting(true);
-        let st = Arc::new(st);
-        let hs: Vec<_> = (0..4)
-            .map(|t| {
-                let (st, ck) = (st.clone(), ck.clone());
-                std::thread::spawn(move || {
-                    for i in 0..30 {
-                        let a = (i * 3 + t) % 8;
-                        let wave: Vec<usize> = match i % 3 {
-                            0 => vec![a],
-                            1 => vec![a, (a + 1) % 8],
-                            _ => vec![a, (a + 3) % 8, (a + 5) % 8],
-                        };
-                        let mut wave = wave;
-                        wave.sort_unstable();
-                        load_and_check(&st, &ck, (t + i) % 5, &wave);
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
+        on_threads(4, |t| {
+            for i in 0..30 {
+                let a = (i * 3 + t) % 8;
+                let mut wave: Vec<usize> = match i % 3 {
+                    0 => vec![a],
+                    1 => vec![a, (a + 1) % 8],
+                    _ => vec![a, (a + 3) % 8, (a + 5) % 8],
+                };
+                wave.sort_unstable();
+                load_and_check(&st, &ck, (t + i) % 5, &wave);
+            }
+        });
         // callers waited for warm slots rather than claim new ones: only the first wave of
         // three found two warm slots and claimed the third
         assert_eq!(r.warm_slots(), 3);
@@ -249,20 +250,11 @@ fn view_before_wait_is_an_error_not_a_race() {
 fn many_callers_on_a_one_slot_cache_all_finish() {
     within(120, || {
         let (st, ck) = open("tiny-b", IoMode::Direct, 1, true);
-        let st = Arc::new(st);
-        let hs: Vec<_> = (0..4)
-            .map(|t| {
-                let (st, ck) = (st.clone(), ck.clone());
-                std::thread::spawn(move || {
-                    for i in 0..50 {
-                        load_and_check(&st, &ck, (t + i) % 5, &[(i * 3 + t) % 8]);
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
+        on_threads(4, |t| {
+            for i in 0..50 {
+                load_and_check(&st, &ck, (t + i) % 5, &[(i * 3 + t) % 8]);
+            }
+        });
     });
 }
 
@@ -276,7 +268,7 @@ fn two_model_callers_on_a_small_cache_do_not_deadlock() {
             Model::load(
                 &fixture("tiny-b"),
                 &LoadOptions {
-                    threads: Some(2),
+                    threads: std::num::NonZeroUsize::new(2),
                     expert_cache_bytes: Some(62_914), // 0.06 MiB: 3 slots
                     ..LoadOptions::default()
                 },

@@ -15,8 +15,8 @@
 //!   store reports the engine that actually runs.
 
 use super::layout::ReadOp;
-use super::slots::Shared;
-use super::worker::{check_scales, io_worker, read_op, record_time, Job};
+use super::slots::{Job, Shared};
+use super::worker::{check_scales, io_worker, read_op, record_time};
 use crate::error::Error;
 use io_uring::{opcode, types, IoUring};
 use std::sync::atomic::Ordering;
@@ -32,7 +32,45 @@ const CANCEL_TAG: u64 = u64::MAX;
 
 /// Tries to create a ring; None where the kernel or a sandbox refuses io_uring.
 pub fn try_ring() -> Option<IoUring> {
-    IoUring::new((QUEUE_DEPTH * 2) as u32).ok()
+    ring().ok()
+}
+
+/// The engine's ring: twice `QUEUE_DEPTH` entries.
+fn ring() -> std::io::Result<IoUring> {
+    IoUring::new((QUEUE_DEPTH * 2) as u32)
+}
+
+/// Whether the engine can have its ring here (it asks for one as the engine does and lets it
+/// go), and if not, why.
+pub fn probe() -> (bool, String) {
+    match ring() {
+        Ok(_) => (true, "available".into()),
+        Err(e) => (false, refusal(&e, sysctl_disabled().as_deref())),
+    }
+}
+
+/// `kernel.io_uring_disabled`, where the kernel has it.
+fn sysctl_disabled() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Why the kernel refused a ring (`e`), for `doctor`; `sysctl` is `kernel.io_uring_disabled`.
+fn refusal(e: &std::io::Error, sysctl: Option<&str>) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOSYS) => {
+            "this kernel has no io_uring (Linux before 5.1, or built without it)".into()
+        }
+        Some(libc::EPERM) => {
+            let why = match sysctl {
+                Some(v) if !v.is_empty() && v != "0" => format!("kernel.io_uring_disabled = {v}"),
+                _ => "a container's seccomp profile, most likely".into(),
+            };
+            format!("refused by the system ({why})")
+        }
+        _ => format!("io_uring_setup failed: {e}"),
+    }
 }
 
 struct Pending {
@@ -314,5 +352,24 @@ fn free_index<T>(v: &mut Vec<Option<T>>) -> usize {
             v.push(None);
             v.len() - 1
         }
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    #[test]
+    fn refusals_say_why() {
+        let err = |n| std::io::Error::from_raw_os_error(n);
+        assert!(refusal(&err(libc::ENOSYS), None).contains("this kernel has no io_uring"));
+        assert_eq!(
+            refusal(&err(libc::EPERM), Some("2")),
+            "refused by the system (kernel.io_uring_disabled = 2)"
+        );
+        assert!(refusal(&err(libc::EPERM), Some("0")).contains("seccomp"));
+        assert!(refusal(&err(libc::ENOMEM), None).starts_with("io_uring_setup failed: "));
+        let (ok, why) = probe();
+        assert!(!why.is_empty() && (ok == (why == "available")));
     }
 }

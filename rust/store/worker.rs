@@ -4,20 +4,12 @@
 //! and the scale check every freshly read expert goes through.
 
 use super::layout::{part_name, ReadOp, SCALE_PARTS};
-use super::slots::Shared;
+use super::slots::{Job, Shared};
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::Instant;
-
-/// One expert to read into one slot (the slot is Loading and belongs to this job until the
-/// job is finished).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Job {
-    pub slot: usize,
-    pub key: u32,
-}
 
 pub(crate) fn io_worker(sh: &Shared, rx: &Mutex<mpsc::Receiver<Job>>) {
     loop {

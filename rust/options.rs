@@ -1,0 +1,264 @@
+//! What loading a model (and planning one) takes: `LoadOptions`, the one list of the options,
+//! their defaults and their rules. Python's `load(path, **options)` and `plan(path,
+//! **options)` hand their keyword arguments to `LoadOptions::set` one by one, which checks
+//! each (name, kind, range) and converts units (GB and MiB to bytes).
+
+use crate::args::Arg;
+use crate::error::{Error, Result};
+use crate::kernels::Numerics;
+use crate::store::io::IoMode;
+use crate::store::policy::Policy;
+use crate::tuning::Tuning;
+use std::num::NonZeroUsize;
+
+pub struct LoadOptions {
+    /// Compute threads; the machine's parallelism when None.
+    pub threads: Option<NonZeroUsize>,
+    /// Budget for the whole process's resident memory, in bytes.
+    pub ram_bytes: Option<u64>,
+    pub io: IoMode,
+    pub policy: Policy,
+    pub io_threads: NonZeroUsize,
+    /// Bytes of routed experts held in memory (at least one expert).
+    pub expert_cache_bytes: Option<u64>,
+    /// Context length (tokens per session); defaults to min(max_position_embeddings,
+    /// `plan::DEFAULT_CTX`).
+    pub ctx: Option<NonZeroUsize>,
+    /// How activations meet the weights (`kernels::Numerics`).
+    pub numerics: Numerics,
+    /// The per-model switches (`lookahead`, `prefault`, `io_uring`; `Tuning::from_env` by
+    /// default). Its kernel switches are the process's (`Tuning::process`).
+    pub tuning: Tuning,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            threads: None,
+            ram_bytes: None,
+            io: IoMode::Direct,
+            policy: Policy::default(),
+            io_threads: NonZeroUsize::new(8).unwrap_or(NonZeroUsize::MIN),
+            expert_cache_bytes: None,
+            ctx: None,
+            numerics: Numerics::Exact,
+            tuning: Tuning::from_env(),
+        }
+    }
+}
+
+/// The largest RAM budget taken, in GB (a petabyte: anything larger is a unit mistake).
+const MAX_RAM_GB: f64 = (1u64 << 20) as f64;
+
+impl LoadOptions {
+    /// The options `set` takes, in the order the docs list them.
+    pub const NAMES: [&'static str; 11] = [
+        "ram_gb",
+        "threads",
+        "expert_cache_mb",
+        "ctx",
+        "io",
+        "cache_policy",
+        "io_threads",
+        "numerics",
+        "lookahead",
+        "prefault",
+        "io_uring",
+    ];
+
+    /// Sets option `name` from `v` (an absent value keeps the default):
+    /// - `ram_gb`: the budget for the whole process, in GB of 10^9 bytes (> 0, at most a
+    ///   petabyte);
+    /// - `threads`, `io_threads`, `ctx`: integers >= 1;
+    /// - `expert_cache_mb`: the expert cache in MiB (> 0; at least one expert);
+    /// - `io`: `direct`, `buffered` or `mmap`; `cache_policy`: `freq-decay` or `lru`;
+    ///   `numerics`: one of `Numerics::ALL`;
+    /// - `lookahead`, `prefault`, `io_uring`: the per-model switches of `Tuning`, true or false.
+    ///
+    /// Errors name the option; an unknown name is `Error::UnknownOption`.
+    pub fn set(&mut self, name: &str, v: &Arg) -> Result<()> {
+        match name {
+            "ram_gb" => {
+                if let Some(gb) = v.number(name, "a number of gigabytes")? {
+                    if !(gb.is_finite() && gb > 0.0) {
+                        return Err(v.refused(name, "a positive number of gigabytes"));
+                    }
+                    if gb > MAX_RAM_GB {
+                        return Err(Error::arg(format!(
+                            "{name} = {} is absurd (more than a petabyte)",
+                            v.shown
+                        )));
+                    }
+                    self.ram_bytes = Some((gb * 1e9) as u64);
+                }
+            }
+            "expert_cache_mb" => {
+                if let Some(mb) = v.number(name, "a number")? {
+                    if !(mb.is_finite() && mb > 0.0) {
+                        return Err(v.refused(name, "a positive number"));
+                    }
+                    self.expert_cache_bytes = Some(((mb * (1u64 << 20) as f64) as u64).max(1));
+                }
+            }
+            "threads" => self.threads = nonzero(v, name)?.or(self.threads),
+            "ctx" => self.ctx = nonzero(v, name)?.or(self.ctx),
+            "io_threads" => self.io_threads = nonzero(v, name)?.unwrap_or(self.io_threads),
+            "io" => {
+                let expected = "direct, buffered or mmap";
+                self.io = v.choice(name, expected, IoMode::parse)?.unwrap_or(self.io);
+            }
+            "cache_policy" => {
+                // named "policy" in its message, as the store calls it
+                let p = v.choice("policy", "freq-decay or lru", Policy::parse)?;
+                self.policy = p.unwrap_or(self.policy);
+            }
+            "numerics" => {
+                let expected = Numerics::names();
+                let n = v.choice(name, &expected, Numerics::from_name)?;
+                self.numerics = n.unwrap_or(self.numerics);
+            }
+            "lookahead" => self.tuning.lookahead = v.switch(name)?.unwrap_or(self.tuning.lookahead),
+            "prefault" => self.tuning.prefault = v.switch(name)?.unwrap_or(self.tuning.prefault),
+            "io_uring" => self.tuning.io_uring = v.switch(name)?.unwrap_or(self.tuning.io_uring),
+            _ => {
+                return Err(Error::UnknownOption(format!(
+                    "unknown option {name:?} (the options are {})",
+                    Self::NAMES.join(", ")
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// `LoadOptions::default()` with each (name, value) of `options` set in turn.
+    pub fn from_args<'a>(options: impl IntoIterator<Item = (&'a str, Arg)>) -> Result<Self> {
+        let mut o = LoadOptions::default();
+        for (name, v) in options {
+            o.set(name, &v)?;
+        }
+        Ok(o)
+    }
+}
+
+/// An integer >= 1.
+fn nonzero(v: &Arg, name: &str) -> Result<Option<NonZeroUsize>> {
+    Ok(v.count(name, 1)?.and_then(NonZeroUsize::new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::Given;
+
+    /// An argument as Python gives it, from its repr: True, False, None, an integer, a float,
+    /// 'text'.
+    fn py(shown: &str) -> Arg {
+        let given = match shown {
+            "True" => Given::Bool(true),
+            "False" => Given::Bool(false),
+            "None" => Given::Absent,
+            t if t.starts_with('\'') => Given::Text(t.trim_matches('\'').into()),
+            t => t
+                .parse::<i128>()
+                .map(Given::Int)
+                .or_else(|_| t.parse::<f64>().map(Given::Float))
+                .unwrap_or(Given::Other),
+        };
+        Arg::new(given, shown)
+    }
+
+    fn options(args: &[(&str, &str)]) -> Result<LoadOptions> {
+        LoadOptions::from_args(args.iter().map(|&(name, shown)| (name, py(shown))))
+    }
+
+    #[test]
+    fn every_option_is_checked_and_converted() {
+        let given = [
+            ("ram_gb", "2.5"),
+            ("threads", "3"),
+            ("expert_cache_mb", "1e-06"),
+            ("ctx", "64"),
+            ("io", "'mmap'"),
+            ("cache_policy", "'lru'"),
+            ("io_threads", "2"),
+            ("numerics", "'fast'"),
+            ("lookahead", "False"),
+            ("prefault", "False"),
+            ("io_uring", "False"),
+        ];
+        let names: Vec<&str> = given.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            LoadOptions::NAMES,
+            "every option, in the documented order"
+        );
+        let o = options(&given).unwrap();
+        assert_eq!(o.ram_bytes, Some(2_500_000_000));
+        assert_eq!(o.threads.map(|t| t.get()), Some(3));
+        assert_eq!(
+            o.expert_cache_bytes,
+            Some(1),
+            "at least one byte (one expert)"
+        );
+        assert_eq!(o.ctx.map(|t| t.get()), Some(64));
+        assert_eq!((o.io, o.policy), (IoMode::Mmap, Policy::Lru));
+        assert_eq!((o.io_threads.get(), o.numerics), (2, Numerics::Fast));
+        assert!(!o.tuning.lookahead && !o.tuning.prefault && !o.tuning.io_uring);
+        // absent values keep the defaults
+        let d = options(&[("threads", "None"), ("io", "None")]).unwrap();
+        assert_eq!(
+            (d.threads, d.io, d.io_threads.get()),
+            (None, IoMode::Direct, 8)
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_option() {
+        let cases = [
+            ("threads", "0", "threads must be >= 1, got 0"),
+            ("threads", "1.5", "threads must be an integer, got 1.5"),
+            ("ctx", "0", "ctx must be >= 1, got 0"),
+            ("io_threads", "0", "io_threads must be >= 1, got 0"),
+            (
+                "ram_gb",
+                "0",
+                "ram_gb must be a positive number of gigabytes, got 0",
+            ),
+            ("ram_gb", "nan", "ram_gb must be a positive number"),
+            (
+                "ram_gb",
+                "'24'",
+                "ram_gb must be a number of gigabytes, got '24'",
+            ),
+            ("ram_gb", "1000000000.0", "ram_gb = 1000000000.0 is absurd"),
+            (
+                "ram_gb",
+                "True",
+                "ram_gb must be a number of gigabytes, got True",
+            ),
+            (
+                "expert_cache_mb",
+                "-1",
+                "expert_cache_mb must be a positive number",
+            ),
+            (
+                "io",
+                "'fast'",
+                "io must be direct, buffered or mmap, got \"fast\"",
+            ),
+            ("cache_policy", "'x'", "policy must be freq-decay or lru"),
+            ("numerics", "'fp4'", "numerics must be exact"),
+            ("prefault", "0", "prefault must be True or False, got 0"),
+        ];
+        for (name, shown, want) in cases {
+            match options(&[(name, shown)]) {
+                Ok(_) => panic!("{name}={shown} was accepted"),
+                Err(e) => assert!(e.to_string().contains(want), "{name}={shown}: {e}"),
+            }
+        }
+        match options(&[("thread", "1")]) {
+            Err(Error::UnknownOption(m)) => assert!(m.contains("\"thread\""), "{m}"),
+            _ => panic!("an unknown option was accepted"),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! `_core.Session`, `_core.Snapshot` and `_core.Stream`: a generating session of the core
+//! (`model::generate::Session`), its snapshots and one generation's tokens, converted for
+//! Python. One call at a time per session: a second concurrent call raises "busy" at once
+//! instead of waiting.
+
+use super::args::arg;
+use super::{run_cancellable, run_reporting, to_py};
+use crate::model::generate::{Generation, Session as CoreSession};
+use crate::model::sample::SampleParams;
+use crate::model::session::Snapshot as CoreSnapshot;
+use crate::model::Model;
+use numpy::PyArray1;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A session of the core (`model::generate::Session`: the state, the pending token, the last
+/// logits and the generation rules).
+#[pyclass(frozen, name = "Session", module = "v4flash._core")]
+pub struct PySession {
+    s: Arc<Mutex<CoreSession>>,
+    /// The session's model (its vocabulary checks a generation without taking the session).
+    model: Arc<Model>,
+}
+
+impl PySession {
+    pub fn new(s: CoreSession) -> PySession {
+        PySession {
+            model: s.model().clone(),
+            s: Arc::new(Mutex::new(s)),
+        }
+    }
+}
+
+#[pyclass(frozen, name = "Snapshot", module = "v4flash._core")]
+struct PySnapshot {
+    snap: CoreSnapshot,
+}
+
+#[pymethods]
+impl PySnapshot {
+    #[getter]
+    fn position(&self) -> usize {
+        self.snap.pos()
+    }
+}
+
+/// One generation's tokens, one core step per `__next__` (the core feeds, samples with the
+/// step's seed and stops), or all of them in one call (`collect`); it shares the session,
+/// and each step is one call on it.
+#[pyclass(frozen, name = "Stream", module = "v4flash._core")]
+struct PyStream {
+    s: Arc<Mutex<CoreSession>>,
+    g: Mutex<Generation>,
+}
+
+const BUSY: &str = "this session is busy with another call (one call at a time per session; use separate sessions for concurrency)";
+
+fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+    m.try_lock().map_err(|_| PyRuntimeError::new_err(BUSY))
+}
+
+#[pymethods]
+impl PySession {
+    /// Number of tokens in the sequence (including a sampled token not yet fed).
+    #[getter]
+    fn position(&self) -> PyResult<usize> {
+        Ok(lock(&self.s)?.position())
+    }
+
+    /// Token ids of the whole sequence so far.
+    #[getter]
+    fn tokens(&self) -> PyResult<Vec<u32>> {
+        Ok(lock(&self.s)?.tokens())
+    }
+
+    /// Prefills `ids` without sampling. `progress(n)`, if given, is called from this thread
+    /// after each layer of the prefill, with n = tokens x layers done so far (of (len(ids) +
+    /// a pending token) x layers); an exception it raises stops the prefill there (the
+    /// session stays as it was) and propagates.
+    #[pyo3(signature = (ids, progress=None))]
+    fn feed(
+        &self,
+        py: Python<'_>,
+        ids: Vec<u64>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = self.model.token_ids(&ids).map_err(to_py)?;
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        run_reporting(py, progress, |c, report| {
+            s.feed_reporting(&ids, &|| c.load(Ordering::Relaxed), report)
+        })
+    }
+
+    /// A generation that feeds `ids` then samples up to `max_new` tokens, stopping after a
+    /// stop id or when the context is full: nothing runs until the first `next()` (or
+    /// `collect()`).
+    /// `max_new` is an integer >= 1; `ids` and `stop_ids` are checked against the vocabulary.
+    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids))]
+    #[allow(clippy::too_many_arguments)]
+    fn stream(
+        &self,
+        ids: Vec<u64>,
+        max_new: &Bound<'_, PyAny>,
+        temperature: f32,
+        top_p: f32,
+        top_k: usize,
+        seed: u64,
+        stop_ids: Vec<u64>,
+    ) -> PyResult<PyStream> {
+        let max_new = arg(Some(max_new));
+        let name = "max_new_tokens";
+        let n = max_new.count(name, 1).map_err(to_py)?;
+        let n = n.ok_or_else(|| to_py(max_new.refused(name, "an integer")))?;
+        let params = SampleParams {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        };
+        let ids = self.model.token_ids(&ids).map_err(to_py)?;
+        let stop_ids = self.model.token_ids(&stop_ids).map_err(to_py)?;
+        let g = Generation::new(ids, n, params, stop_ids).map_err(to_py)?;
+        Ok(PyStream {
+            s: self.s.clone(),
+            g: Mutex::new(g),
+        })
+    }
+
+    fn snapshot(&self, py: Python<'_>) -> PyResult<PySnapshot> {
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        let snap = run_cancellable(py, |c| s.snapshot(&|| c.load(Ordering::Relaxed)))?;
+        Ok(PySnapshot { snap })
+    }
+
+    fn rollback(&self, snap: &PySnapshot) -> PyResult<()> {
+        lock(&self.s)?.rollback(&snap.snap).map_err(to_py)
+    }
+
+    /// float32 [vocab] logits after the last fed token (a copy), if at hand.
+    fn last_logits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
+        let s = lock(&self.s)?;
+        Ok(s.last_logits().map(|v| PyArray1::from_slice(py, v)))
+    }
+
+    fn reset(&self) -> PyResult<()> {
+        lock(&self.s)?.reset();
+        Ok(())
+    }
+
+    /// Writes the session (or, with `snapshot`, the state it had there) to `path`
+    /// atomically, with `metadata` (JSON text) in its header; returns the file's size.
+    #[pyo3(signature = (path, snapshot=None, metadata=None))]
+    fn save(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        snapshot: Option<&PySnapshot>,
+        metadata: Option<&str>,
+    ) -> PyResult<u64> {
+        let meta =
+            match metadata {
+                None => None,
+                Some(t) => Some(serde_json::from_str::<serde_json::Value>(t).map_err(|e| {
+                    PyValueError::new_err(format!("metadata must be JSON text: {e}"))
+                })?),
+            };
+        let guard = lock(&self.s)?;
+        let s: &CoreSession = &guard;
+        let at = snapshot.map(|p| &p.snap);
+        run_cancellable(py, |c| {
+            s.save(&path, at, meta.as_ref(), &|| c.load(Ordering::Relaxed))
+        })
+    }
+}
+
+#[pymethods]
+impl PyStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<u32>> {
+        let mut g = lock(&self.g)?;
+        let g: &mut Generation = &mut g;
+        if g.finished() {
+            return Ok(None);
+        }
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        run_cancellable(py, |c| s.step(g, &|| c.load(Ordering::Relaxed)))
+    }
+
+    /// The generation's remaining tokens, in one call (the same steps as iterating). On
+    /// Ctrl-C the KeyboardInterrupt propagates; the tokens produced so far stay in the
+    /// session (its state is consistent after every token).
+    fn collect(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let mut g = lock(&self.g)?;
+        let g: &mut Generation = &mut g;
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
+        run_cancellable(py, |c| s.generate(g, &|| c.load(Ordering::Relaxed)))
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PySession>()?;
+    m.add_class::<PySnapshot>()?;
+    m.add_class::<PyStream>()?;
+    Ok(())
+}
