@@ -57,8 +57,10 @@ def tiny_synth(ms, tmp_path_factory):
 # bench.py
 # --------------------------------------------------------------------------------------------
 def test_bench_json_on_tiny_fixture(capsys):
-    bench.main(
-        ["--model", str(TINY_A), "--prompt", "5", "--gen", "3", "--json"]
+    from v4flash.cli import main
+
+    main(
+        ["bench", "--model", str(TINY_A), "--prompt", "5", "--gen", "3", "--json"]
         + ["--mem-gb", "0.03", "--disk-gb", "0.002", "--no-fma"]
     )
     r = json.loads(capsys.readouterr().out)
@@ -124,8 +126,18 @@ def test_bench_without_model_uses_the_demo_and_the_engine_options(capsys):
     assert Path(r["model"]).resolve() == demo_path().resolve()
     assert r["cache_policy"] == "lru" and r["threads"] == 1
     assert r["prompt_tokens"] == 3 and r["decode_tokens"] == 2
-    # python -m v4flash.bench is the same command (and keeps its old --policy spelling)
-    assert bench.main(["-p", "2", "-n", "1", "--no-machine", "--json", "--policy", "lru"]) == 0
+    # benches/bench.py is the same command (and keeps its old --policy spelling)
+    import runpy
+    import sys
+
+    argv = ["bench.py", "-p", "2", "-n", "1", "--no-machine", "--json", "--policy", "lru"]
+    old, sys.argv = sys.argv, argv
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(ROOT / "benches" / "bench.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+    assert e.value.code == 0
     assert json.loads(capsys.readouterr().out)["cache_policy"] == "lru"
 
 
@@ -385,9 +397,11 @@ def test_check_routing_cli(ms, tiny_synth, capsys):
 
 
 def _bench_json(capsys, *extra):
-    bench.main(
-        ["--model", str(TINY_A), "--prompt", "5", "--gen", "2", "--json", "--no-machine"]
-        + list(extra)
+    from v4flash.cli import main
+
+    main(
+        ["bench", "--model", str(TINY_A), "--prompt", "5", "--gen", "2", "--json"]
+        + ["--no-machine", *extra]
     )
     return json.loads(capsys.readouterr().out)
 

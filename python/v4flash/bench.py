@@ -1,6 +1,6 @@
 """Whole-run benchmark: load, prefill, greedy decode, and the machine's own limits.
 
-    v4flash bench --model DIR --ram 16 --prompt 16 --gen 4 [--json]   (or python -m v4flash.bench)
+    v4flash bench --model DIR --ram 16 --prompt 16 --gen 4 [--json]   (or benches/bench.py)
     v4flash bench --predict [--mem-gbs 50]
 
 Besides the engine's speed it measures, in the same run, the streaming memory-read bandwidth
@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -492,14 +492,3 @@ def bench_command(path: Path, a: Any) -> int:
         cold=a.cold,
     )
     return 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m v4flash.bench ARGS`` is ``v4flash bench ARGS``."""
-    from .cli import main as cli_main
-
-    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

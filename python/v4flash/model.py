@@ -12,12 +12,13 @@ import inspect
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core
 from .config import Config, load_config
+from .sampling import sample_params
 
 IdsLike = Union[Sequence[int], np.ndarray]
 
@@ -35,24 +36,6 @@ def _ids(ids: IdsLike, name: str = "ids", allow_empty: bool = False) -> List[int
         if i < 0:
             raise ValueError(f"{name} contains a negative token id ({i})")
     return out
-
-
-class SampleParams(NamedTuple):
-    """Sampling parameters checked by the core (``sample_params``)."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-
-
-def sample_params(
-    temperature: Any = 1.0, top_p: Any = 1.0, top_k: Any = 0, seed: Any = None
-) -> SampleParams:
-    """Checks sampling parameters with the core's rules (the one place they live:
-    ``SampleParams::new`` in ``rust/model/sample.rs``); ``seed`` None draws a random one.
-    ``ValueError`` names the parameter first (``"top_p must be in (0, 1], got 2"``)."""
-    return SampleParams(*_core.sample_params(temperature, top_p, top_k, seed))
 
 
 def _tokens(stream: Any) -> Iterator[int]:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from ..model import sample_params
+from ..sampling import sample_params
 
 HELP = """commands:
   /think on|off    thinking mode (reasoning shown dimmed before the answer)
@@ -38,7 +38,7 @@ def _parse_int(v: str, lo: int) -> int:
 
 def _sampling(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
     """A /set parser for a sampling parameter: converted here, checked by the core's one rule
-    (``model.sample_params``), whose message names the parameter."""
+    (``sampling.sample_params``), whose message names the parameter."""
     what = "a number" if convert is float else "an integer"
 
     def parse(v: str) -> Any:

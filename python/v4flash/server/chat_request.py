@@ -12,7 +12,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..model import sample_params
+from ..sampling import sample_params
 from ..textapi.prompts import ContextLengthError, Job, prepare_chat
 from ..textapi.run import run_job
 from .engine import Gone
@@ -37,7 +37,7 @@ class ChatRequest:
 
 def prepare(x: Exchange, req: ChatRequest, param: str = "messages") -> Job:
     """The request as a text API job. Its length is clamped to the context; the sampling
-    parameters are the engine's to check (``model.sample_params``); the refusal of anything
+    parameters are the engine's to check (``sampling.sample_params``); the refusal of anything
     is a 400 about ``param`` (or the sampling field)."""
     e = x.engine
     ctx = int(e.model.ctx)

@@ -2,7 +2,7 @@
 types (a string where a number belongs is a 400 naming the field), OpenAI's own limits and
 words (``n``, ``max_tokens`` against the context, ``stop`` lists, ``reasoning_effort``,
 ``thinking`` as DeepSeek and vLLM spell it, tools, ``response_format``). The sampling
-parameters' rules are the engine's (``model.sample_params``); its message, which starts with
+parameters' rules are the engine's (``sampling.sample_params``); its message, which starts with
 the parameter's name, becomes the 400's.
 """
 
@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..model import sample_params
+from ..sampling import sample_params
 from .errors import ApiError
 
 MAX_STOP = 16  # stop strings per request

@@ -4,7 +4,7 @@ prompt ids and how to generate, before any work is done: every argument error is
 ``ValueError`` here, so the server can answer it at once, queued or not.
 
 The prompt text is the chat format's (``encoding``, ids by ``tokenizer.encode_prompt_ids``);
-the sampling parameters are the core's rule (``model.sample_params``); the token ids are
+the sampling parameters are the core's rule (``sampling.sample_params``); the token ids are
 checked by the engine when it reads them.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..encoding import encoder_file, tool_call_opening
-from ..model import sample_params
+from ..sampling import sample_params
 from ..tokenizer import encode_prompt_ids
 from .attached import tokenizer_for
 from .stream import normalize_stop
