@@ -578,7 +578,12 @@ def test_bad_requests_at_the_http_level(server, http):
         ("/v1/chat/completions", b"\xff\xfe\x00", "not valid JSON"),
         ("/v1/chat/completions", b"[" * 100000, "not valid JSON"),
         ("/v1/completions", b'{"prompt": 5}', "'prompt' must be"),
-        ("/v1/completions", b'{"prompt": "x", "logprobs": 2}', "logprobs"),
+        ("/v1/completions", b'{"prompt": "x", "logprobs": 9}', "'logprobs' must be from 0 to 5"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}',
+            "needs 'logprobs'",
+        ),
     ]:
         r = http.post(path, content=content, headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text

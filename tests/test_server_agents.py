@@ -345,3 +345,52 @@ def test_metrics_are_prometheus_text(server):
     assert values['v4flash_requests_total{endpoint="/chat/completions",status="200"}'] >= 1
     assert "v4flash_time_to_first_token_seconds_count" in values
     assert "v4flash_expert_bytes_read_total" in values
+
+
+# --- log-probabilities ---------------------------------------------------------------------------
+
+
+def test_logprobs_are_the_models_own(server, m):
+    import numpy as np
+
+    from v4flash.tokenizer import encode_prompt_ids as ids_of
+
+    c = codex(server)
+    r = c.chat.completions.create(
+        model="demo", messages=HELLO, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    gen = m.tokenizer.encode(r.choices[0].message.content)
+    assert len(content) == r.usage.completion_tokens
+    # the text API gives the same entries, with the ids; each is the log-softmax of the
+    # model's logits at that step (teacher-forced)
+    api = m.chat(HELLO, max_new_tokens=5, temperature=0, logprobs=3, cache=False).logprobs
+    assert [e["logprob"] for e in api] == [e.logprob for e in content]
+    assert [m.tokenizer.token_bytes(e["id"]) for e in api] == [bytes(e.bytes) for e in content]
+    prompt = ids_of(m.tokenizer, HELLO, thinking_mode="chat")
+    out = [e["id"] for e in api]
+    steps = m.logits(prompt + out[:-1])[len(prompt) - 1 :]
+    for lp, row in zip(api, steps):
+        row = row.astype(np.float64)
+        ls = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+        top = np.argsort(-ls, kind="stable")[:3]
+        assert [i for i, _ in lp["top"]] == list(top)
+        assert [v for _, v in lp["top"]] == pytest.approx(ls[top], abs=1e-4)
+        assert lp["logprob"] == pytest.approx(ls[lp["id"]], abs=1e-4)
+    assert gen  # the answer's text is there too
+    # streamed: the same entries, spread over the chunks
+    chunks = list(
+        c.chat.completions.create(
+            model="demo", messages=HELLO, max_tokens=5, temperature=0, logprobs=True,
+            top_logprobs=3, stream=True,
+        )
+    )  # fmt: skip
+    streamed = [e for ch in chunks if ch.choices for e in (ch.choices[0].logprobs.content or [])]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # legacy completions: tokens, token_logprobs, top_logprobs, text_offset
+    r = c.completions.create(model="demo", prompt="Once upon", max_tokens=4, temperature=0,
+                             logprobs=2)  # fmt: skip
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+    assert "".join(lp.tokens) == r.choices[0].text

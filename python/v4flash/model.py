@@ -12,7 +12,7 @@ import inspect
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -93,6 +93,17 @@ class Session:
         sampled."""
         return _tokens(self._generation(*args, **kw))
 
+    def stream_logprobs(
+        self, *args: Any, top_logprobs: int = 0, **kw: Any
+    ) -> Iterator[Tuple[int, float, List[Tuple[int, float]]]]:
+        """Like ``stream``, yielding ``(token, logprob, top)``: the token's log-probability
+        under the model (log-softmax of the raw logits, before temperature and truncation)
+        and the ``top_logprobs`` most likely tokens' ``[(id, logprob)]``."""
+        g = self._generation(*args, logprobs=top_logprobs, **kw)
+        for t in g:
+            lp, top = g.logprobs()
+            yield t, lp, top
+
     def _generation(
         self,
         ids: IdsLike = (),
@@ -102,6 +113,7 @@ class Session:
         top_k: int = 0,
         seed: Optional[int] = None,
         stop_ids: Optional[Sequence[int]] = None,
+        logprobs: Optional[int] = None,
     ) -> Any:
         """The core's generation for ``generate`` and ``stream``, checked (one core step per
         token: the core feeds, seeds step i with seed + i and stops at a stop id,
@@ -112,7 +124,7 @@ class Session:
         stops = _ids(stops, "stop_ids", allow_empty=True)
         first = _ids(ids, allow_empty=True)
         return self._core.stream(
-            first, max_new_tokens, s.temperature, s.top_p, s.top_k, s.seed, stops
+            first, max_new_tokens, s.temperature, s.top_p, s.top_k, s.seed, stops, logprobs
         )
 
     def snapshot(self) -> Any:

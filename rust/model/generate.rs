@@ -46,6 +46,47 @@ pub struct Generation {
     produced: usize,
     /// A stop id, `max_new` or a full context was reached.
     stopped: bool,
+    /// Record each sampled token's log-probability and this many alternatives (None: off).
+    logprobs: Option<usize>,
+    /// The last step's, when asked for.
+    last_logprobs: Option<TokenLogprobs>,
+}
+
+/// A sampled token's log-probability under the model (the log-softmax of its raw logits,
+/// before temperature, top-k and top-p), and the `top` most likely tokens' (most likely
+/// first; ties by id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    pub fn of(logits: &[f32], tok: u32, top: usize) -> TokenLogprobs {
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let sum: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
+        let lse = m + sum.ln();
+        let lp = |i: usize| (logits[i] as f64 - lse) as f32;
+        let k = top.min(logits.len());
+        let mut best: Vec<(f32, u32)> = Vec::new();
+        if k > 0 {
+            best = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (l, i as u32))
+                .collect();
+            let cmp = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+            if k < best.len() {
+                best.select_nth_unstable_by(k - 1, cmp);
+                best.truncate(k);
+            }
+            best.sort_by(cmp);
+        }
+        TokenLogprobs {
+            logprob: lp(tok as usize),
+            top: best.iter().map(|&(_, i)| (i, lp(i as usize))).collect(),
+        }
+    }
 }
 
 impl Generation {
@@ -64,7 +105,21 @@ impl Generation {
             max_new,
             produced: 0,
             stopped: max_new == 0,
+            logprobs: None,
+            last_logprobs: None,
         })
+    }
+
+    /// Also records each sampled token's log-probability and the `top` alternatives'
+    /// (`last_logprobs`).
+    pub fn with_logprobs(mut self, top: usize) -> Generation {
+        self.logprobs = Some(top);
+        self
+    }
+
+    /// The log-probabilities of the last sampled token, when asked for.
+    pub fn last_logprobs(&self) -> Option<&TokenLogprobs> {
+        self.last_logprobs.as_ref()
     }
 
     /// Tokens sampled so far.
@@ -184,6 +239,9 @@ impl Session {
         let mut p = g.params.clone();
         p.seed = g.params.seed.wrapping_add(g.produced as u64);
         let tok = Sampler::new(p).pick(&logits);
+        if let Some(top) = g.logprobs {
+            g.last_logprobs = Some(TokenLogprobs::of(&logits, tok, top));
+        }
         self.pending = Some(tok);
         g.produced += 1;
         // the sampled token is fed by the next step; when the context is full it cannot be
@@ -292,6 +350,23 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_logprobs_are_the_log_softmax_of_the_raw_logits() {
+        let logits = [1.0f32, 3.0, -2.0, 3.0, 0.5];
+        let l = TokenLogprobs::of(&logits, 4, 3);
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        assert!((l.logprob as f64 - (0.5 - z.ln())).abs() < 1e-6);
+        // most likely first, ties by id
+        assert_eq!(l.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 0]);
+        assert_eq!(l.top[0].1, l.top[1].1);
+        let total: f64 = (0..5)
+            .map(|i| (TokenLogprobs::of(&logits, i, 0).logprob as f64).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!(TokenLogprobs::of(&logits, 0, 0).top.is_empty());
+        assert_eq!(TokenLogprobs::of(&logits, 0, 99).top.len(), 5);
+    }
     use crate::model::LoadOptions;
     use std::path::Path;
     use std::sync::OnceLock;

@@ -99,7 +99,9 @@ impl PySession {
     /// stop id or when the context is full: nothing runs until the first `next()` (or
     /// `collect()`).
     /// `max_new` is an integer >= 1; `ids` and `stop_ids` are checked against the vocabulary.
-    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids))]
+    /// `logprobs`: also record each token's log-probability and this many alternatives
+    /// (`Stream.logprobs()` after each step).
+    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids, logprobs=None))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -110,6 +112,7 @@ impl PySession {
         top_k: usize,
         seed: u64,
         stop_ids: Vec<u64>,
+        logprobs: Option<usize>,
     ) -> PyResult<PyStream> {
         let max_new = arg(Some(max_new));
         let name = "max_new_tokens";
@@ -123,7 +126,10 @@ impl PySession {
         };
         let ids = self.model.token_ids(&ids).map_err(to_py)?;
         let stop_ids = self.model.token_ids(&stop_ids).map_err(to_py)?;
-        let g = Generation::new(ids, n, params, stop_ids).map_err(to_py)?;
+        let mut g = Generation::new(ids, n, params, stop_ids).map_err(to_py)?;
+        if let Some(top) = logprobs {
+            g = g.with_logprobs(top);
+        }
         Ok(PyStream {
             s: self.s.clone(),
             g: Mutex::new(g),
@@ -178,6 +184,9 @@ impl PySession {
     }
 }
 
+/// (log-probability of the sampled token, [(id, log-probability)] of the most likely)
+type Logprobs = (f32, Vec<(u32, f32)>);
+
 #[pymethods]
 impl PyStream {
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -193,6 +202,13 @@ impl PyStream {
         let mut guard = lock(&self.s)?;
         let s: &mut CoreSession = &mut guard;
         run_cancellable(py, |c| s.step(g, &|| c.load(Ordering::Relaxed)))
+    }
+
+    /// (log-probability, [(id, log-probability)] of the most likely) of the token the last
+    /// step sampled, when the stream was asked for them (else None).
+    fn logprobs(&self) -> PyResult<Option<Logprobs>> {
+        let g = lock(&self.g)?;
+        Ok(g.last_logprobs().map(|l| (l.logprob, l.top.clone())))
     }
 
     /// The generation's remaining tokens, in one call (the same steps as iterating). On

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import __version__
 from ..textapi.api import collect_chat, collect_completion
@@ -90,6 +90,35 @@ def _close(x: Exchange, head: Dict[str, Any], include_usage: bool, end: Dict[str
     return 200
 
 
+# --- log-probabilities -----------------------------------------------------------------------
+
+
+def _token(tok: Any, i: int) -> Dict[str, Any]:
+    b = tok.token_bytes(i)
+    return {"token": b.decode("utf-8", "replace"), "bytes": list(b)}
+
+
+def chat_logprob(tok: Any, e: Dict[str, Any]) -> Dict[str, Any]:
+    """One generated token's entry of chat's ``logprobs.content``."""
+    top = [dict(_token(tok, i), logprob=lp) for i, lp in e["top"]]
+    return dict(_token(tok, e["id"]), logprob=e["logprob"], top_logprobs=top)
+
+
+def completion_logprobs(tok: Any, entries: List[Dict[str, Any]], offset: int) -> Dict[str, Any]:
+    """The legacy completions' ``logprobs`` object for these tokens (text offsets from
+    ``offset``)."""
+    out: Dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+    out["text_offset"] = []
+    for e in entries:
+        t = _token(tok, e["id"])["token"]
+        out["tokens"].append(t)
+        out["token_logprobs"].append(e["logprob"])
+        out["top_logprobs"].append({_token(tok, i)["token"]: lp for i, lp in e["top"]})
+        out["text_offset"].append(offset)
+        offset += len(t)
+    return out
+
+
 # --- POST /v1/chat/completions ------------------------------------------------------------
 
 
@@ -100,6 +129,7 @@ def chat_completions(x: Exchange) -> int:
     messages = fields.messages(body)
     stream, include_usage = fields.stream_args(body)
     kw = fields.generation(body, int(e.model.ctx), e.max_tokens)
+    kw["logprobs"] = fields.chat_logprobs(body)
     tools, tool_choice = fields.tools(body)
     thinking, effort = fields.thinking(body)
     try:
@@ -130,7 +160,10 @@ def chat_completions(x: Exchange) -> int:
         if r.tool_calls:
             msg["tool_calls"] = r.tool_calls
             msg["content"] = r.content or None
-        choice = {"index": 0, "message": msg, "finish_reason": r.finish_reason, "logprobs": None}
+        lps = None
+        if r.logprobs is not None:
+            lps = {"content": [chat_logprob(e.tok, lp) for lp in r.logprobs], "refusal": None}
+        choice = {"index": 0, "message": msg, "finish_reason": r.finish_reason, "logprobs": lps}
         doc = dict(head, object="chat.completion", choices=[choice], usage=usage_json(r.usage))
         x.send_json(200, doc)
         return 200
@@ -138,8 +171,14 @@ def chat_completions(x: Exchange) -> int:
     x.start_sse()
     head["object"] = "chat.completion.chunk"
 
+    pending: List[Dict[str, Any]] = []  # tokens' logprobs not sent yet (text is held back)
+
     def chunk(delta: Dict[str, Any], finish: Optional[str] = None) -> None:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        lps = None
+        if job.logprobs is not None:
+            lps = {"content": [chat_logprob(e.tok, lp) for lp in pending], "refusal": None}
+            pending.clear()
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}
         x.event(dict(head, choices=[choice]))
 
     delta_of = {
@@ -147,12 +186,19 @@ def chat_completions(x: Exchange) -> int:
         "content": lambda v: {"content": v},
         "tool_call": lambda v: {"tool_calls": [v]},
     }
+
+    def on(kind: str, value: Any) -> None:
+        if kind == "logprob":
+            pending.append(value)
+        elif kind in delta_of:
+            chunk(delta_of[kind](value))
+
     end, status = _streamed(
         x,
         "messages",
         job,
         lambda: chunk({"role": "assistant", "content": ""}),
-        lambda kind, value: chunk(delta_of[kind](value)) if kind in delta_of else None,
+        on,
         _progress(x, head, body),
     )
     if end is None:
@@ -182,8 +228,7 @@ def completions(x: Exchange) -> int:
         )
     if body.get("suffix"):
         raise ApiError(400, "'suffix' is not supported", param="suffix")
-    if body.get("logprobs") is not None:
-        raise ApiError(400, "'logprobs' is not supported", param="logprobs")
+    kw["logprobs"] = fields.completion_logprobs(body)
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise ApiError(400, "'best_of' must be 1", param="best_of")
@@ -199,21 +244,30 @@ def completions(x: Exchange) -> int:
     head = {"id": rid, "object": "text_completion", "created": int(time.time())}
     head["model"] = e.name
 
-    def choice(text: str, finish: Optional[str]) -> Dict[str, Any]:
-        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    pending: List[Dict[str, Any]] = []
+    offset = [len(echoed)]
+
+    def choice(text: str, finish: Optional[str], entries: Any = None) -> Dict[str, Any]:
+        lps = None
+        if job.logprobs is not None:
+            lps = completion_logprobs(e.tok, entries if entries is not None else pending, offset[0])
+            offset[0] += len(text)
+            pending.clear()
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": lps}
 
     if not stream:
         r = collected(x, "prompt", collect_completion, job)
-        doc = dict(
-            head, choices=[choice(echoed + r.text, r.finish_reason)], usage=usage_json(r.usage)
-        )
+        c = choice(echoed + r.text, r.finish_reason, r.logprobs or [])
+        doc = dict(head, choices=[c], usage=usage_json(r.usage))
         x.send_json(200, doc)
         return 200
 
     x.start_sse()
 
     def text(kind: str, value: Any) -> None:
-        if kind == "text":
+        if kind == "logprob":
+            pending.append(value)
+        elif kind == "text":
             x.event(dict(head, choices=[choice(value, None)]))
 
     end, status = _streamed(

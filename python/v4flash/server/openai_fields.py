@@ -95,6 +95,26 @@ def generation(body: Dict[str, Any], ctx: int, default_max: int) -> Dict[str, An
     return out
 
 
+def chat_logprobs(body: Dict[str, Any]) -> Optional[int]:
+    """Chat's ``logprobs`` (true: each token's log-probability) and ``top_logprobs`` (0..20
+    alternatives): None when not asked for, else how many alternatives."""
+    on = field(body, "logprobs", (bool,), "true or false")
+    top = field(body, "top_logprobs", (int,), "an integer from 0 to 20")
+    if top is not None and not 0 <= top <= 20:
+        raise ApiError(400, f"'top_logprobs' must be from 0 to 20, got {top}", "top_logprobs")
+    if top is not None and not on:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if on else None
+
+
+def completion_logprobs(body: Dict[str, Any]) -> Optional[int]:
+    """The legacy completions' ``logprobs``: how many alternatives (0..5), or None."""
+    n = field(body, "logprobs", (int,), "an integer from 0 to 5")
+    if n is not None and not 0 <= n <= 5:
+        raise ApiError(400, f"'logprobs' must be from 0 to 5, got {n}", param="logprobs")
+    return n
+
+
 def stream_args(body: Dict[str, Any]) -> Tuple[bool, bool]:
     stream = field(body, "stream", (bool,), "true or false") or False
     opts = field(body, "stream_options", (dict,), "an object")

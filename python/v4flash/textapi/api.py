@@ -75,6 +75,7 @@ def collect_chat(job: Job, cancel: Optional[Cancel] = None) -> ChatResult:
         content="".join(events.get("content", [])),
         reasoning="".join(events.get("reasoning", [])),
         tool_calls=calls,
+        logprobs=events.get("logprob"),
         **{k: end[k] for k in _END + ("text", "ids", "stop_string")},
     )
 
@@ -97,5 +98,7 @@ def complete(model: Any, prompt: Union[str, Sequence[int]], **kw: Any) -> Comple
 
 def collect_completion(job: Job, cancel: Optional[Cancel] = None) -> CompletionResult:
     """Runs a raw completion job to the end (what :func:`complete` returns)."""
-    _, end = _collect(job, cancel)
-    return CompletionResult(**{k: end[k] for k in _END + ("text", "ids", "stop_string")})
+    events, end = _collect(job, cancel)
+    return CompletionResult(
+        logprobs=events.get("logprob"), **{k: end[k] for k in _END + ("text", "ids", "stop_string")}
+    )

@@ -52,6 +52,7 @@ class Job:
     forced_after_think: bool = False  # thinking mode: feed forced_ids after </think>
     cache: Any = True  # True: the model's cache; False: none; or a PromptCache
     reasoning_budget: Optional[int] = None  # thinking mode: at most this many reasoning tokens
+    logprobs: Optional[int] = None  # each token's log-probability and this many alternatives
 
 
 def _generation(
@@ -62,13 +63,17 @@ def _generation(
     seed: Optional[int] = None,
     stop: Union[None, str, Sequence[str]] = None,
     cache: Any = True,
+    logprobs: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The :class:`Job` fields every request has: the sampling parameters, checked (and a
-    seed drawn when None) by the core's one rule, the answer's length, stop strings, cache."""
+    seed drawn when None) by the core's one rule, the answer's length, stop strings, cache,
+    and ``logprobs`` (None: off; k: each token's log-probability and the k most likely)."""
     kw: Dict[str, Any] = sample_params(temperature, top_p, top_k, seed)._asdict()
     kw["max_new_tokens"] = _integer(max_new_tokens, "max_new_tokens", 1)
     kw["stops"] = normalize_stop(stop)
     kw["cache"] = cache
+    if logprobs is not None:
+        kw["logprobs"] = _integer(logprobs, "logprobs", 0)
     return kw
 
 

@@ -53,6 +53,7 @@ class ChatResult:
     text: str = ""  # the generated text as decoded (cut at a stop string)
     ids: List[int] = field(default_factory=list)  # the generated token ids
     stop_string: Optional[str] = None  # the stop string that ended the answer, if one did
+    logprobs: Optional[List[Dict[str, Any]]] = None  # per generated token, when asked for
 
     @property
     def message(self) -> Dict[str, Any]:
@@ -84,3 +85,4 @@ class CompletionResult:
     timings: Dict[str, Any] = field(default_factory=dict)
     ids: List[int] = field(default_factory=list)
     stop_string: Optional[str] = None
+    logprobs: Optional[List[Dict[str, Any]]] = None

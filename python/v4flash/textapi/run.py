@@ -42,8 +42,10 @@ def run_job(
     progress: Optional[Callable[[int, int, int], None]] = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Runs a job; yields ``(kind, value)`` events: ``"start"`` with ``{"prompt_tokens",
-    "cached_tokens"}`` once the prompt cache has been consulted, ``"reasoning"`` / ``"content"`` /
-    ``"text"`` (raw mode) with text, ``"tool_call"`` with a call, and finally ``"end"`` with
+    "cached_tokens"}`` once the prompt cache has been consulted, ``"logprob"`` with ``{"id",
+    "logprob", "top"}`` for each generated token when the job asks, ``"reasoning"`` /
+    ``"content"`` / ``"text"`` (raw mode) with text, ``"tool_call"`` with a call, and finally
+    ``"end"`` with
     ``{"finish_reason", "usage", "timings", "ids", "text", "stop_string"}``.
 
     ``cancel()`` is polled between prefill chunks and between tokens; when it returns True the
@@ -124,8 +126,7 @@ def run_job(
 
         while finish is None:
             inject = close_think = False
-            stream = sess.stream(
-                feed,
+            args = dict(
                 max_new_tokens=budget - len(ids),
                 temperature=job.temperature,
                 top_p=job.top_p,
@@ -133,8 +134,15 @@ def run_job(
                 seed=(job.seed + len(ids)) % (1 << 64),
                 stop_ids=[tok.eos_id],
             )
+            if job.logprobs is None:
+                stream = sess.stream(feed, **args)
+            else:
+                stream = sess.stream_logprobs(feed, top_logprobs=job.logprobs, **args)
             try:
                 for t in stream:
+                    if job.logprobs is not None:
+                        t, lp, top = t
+                        yield "logprob", {"id": int(t), "logprob": lp, "top": top}
                     t = int(t)
                     if t_first is None:
                         t_first = time.perf_counter()
