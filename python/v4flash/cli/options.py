@@ -323,6 +323,12 @@ def parser() -> argparse.ArgumentParser:
         "every S seconds (10)",
     )
     g.add_argument(
+        "--no-webui",
+        dest="webui",
+        action="store_false",
+        help="no chat page at / (it is on by default)",
+    )
+    g.add_argument(
         "--max-body-mb",
         type=_positive_float,
         default=8.0,

@@ -41,6 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cors=args.cors or (),
             ping_every=args.sse_ping,
             limits=limits,
+            webui=args.webui,
         )
     except OSError as e:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
@@ -68,7 +69,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         srv.engine.set_model(model)
         print(
             f"v4flash: serving {name} at {srv.url}/v1 (OpenAI, Anthropic and Responses APIs; "
-            "Ctrl-C stops)",
+            + (f"chat page at {srv.url}/; " if args.webui else "")
+            + "Ctrl-C stops)",
             file=sys.stderr,
             flush=True,
         )

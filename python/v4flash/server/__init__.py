@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import anthropic, openai, ops, responses
+from . import webui as webui_module
 from .engine import Engine
 from .guard import Guard
 from .http import PING_S, App, Route, Server
@@ -49,6 +50,7 @@ def make_server(
     ping_every: float = PING_S,
     limits: Optional[Limits] = None,
     responses_kept: int = 256,
+    webui: bool = True,
     log: Optional[Callable[[str], None]] = None,
 ) -> Server:
     """A bound, not yet serving, server (``serve_forever()`` or ``start()``; ``stop`` ends
@@ -65,6 +67,8 @@ def make_server(
     routes: Dict[Tuple[str, str], Route] = {}
     for dialect in DIALECTS:
         routes.update(dialect.ROUTES)
+    if webui:  # the chat page at / (serve --no-webui leaves it a 404)
+        routes.update(webui_module.ROUTES)
     app = App(engine, routes, openai.error_body, Guard(host, api_key, cors), ping_every)
     return Server(app, host, port, limits or Limits())
 
