@@ -99,86 +99,49 @@ DSPARK_STAGES = 3  # the 0731 release's drafter stages (mtp.0..mtp.2)
 
 
 def make_config(n_layers: int, d: Dims = REAL, release: str = "first") -> dict:
-    """The published config.json (all keys) with num_hidden_layers = n_layers; for ``0731``
-    with one ``compress_ratios`` entry per DSpark stage and the four ``dspark_*`` keys (the
-    target layers are the last three of the cut)."""
+    """The release's published config.json (every key, from the engine:
+    ``_core.published_config``) cut to ``n_layers`` layers and the dimensions ``d``; for
+    ``0731`` one ``compress_ratios`` entry per DSpark stage stays after the layers', and the
+    target layers are the last three of the cut."""
+    from v4flash import _core
+
     if not 1 <= n_layers <= len(REAL_RATIOS):
         raise ValueError(f"--layers must be in 1..{len(REAL_RATIOS)}, got {n_layers}")
     if release not in RELEASES:
         raise ValueError(f"--release must be one of {', '.join(RELEASES)}, got {release!r}")
-    cfg = _config(n_layers, d)
+    cfg = _core.published_config(release)
+    drafter = cfg["compress_ratios"][cfg["num_hidden_layers"] :]
+    cfg.update(
+        {
+            "hc_mult": d.hc_mult,
+            "hc_sinkhorn_iters": d.sinkhorn_iters,
+            "head_dim": d.head_dim,
+            "hidden_size": d.hidden,
+            "index_head_dim": d.index_dim,
+            "index_n_heads": d.index_heads,
+            "index_topk": d.index_topk,
+            "moe_intermediate_size": d.moe_inter,
+            "n_routed_experts": d.experts,
+            "num_attention_heads": d.heads,
+            "num_experts_per_tok": d.topk,
+            "num_hidden_layers": n_layers,
+            "num_hash_layers": min(cfg["num_hash_layers"], n_layers),
+            "o_groups": d.o_groups,
+            "o_lora_rank": d.o_lora,
+            "q_lora_rank": d.q_lora,
+            "qk_rope_head_dim": d.rope_dim,
+            "sliding_window": d.window,
+            "vocab_size": d.vocab,
+            "compress_ratios": REAL_RATIOS[:n_layers] + drafter,
+        }
+    )
     if release == "0731":
-        cfg["compress_ratios"] = REAL_RATIOS[:n_layers] + [0] * DSPARK_STAGES
-        cfg["dspark_block_size"] = 5
-        cfg["dspark_noise_token_id"] = 128799 if d.vocab == REAL.vocab else d.vocab - 8
+        assert len(drafter) == DSPARK_STAGES
         cfg["dspark_target_layer_ids"] = list(range(max(0, n_layers - 3), n_layers))
-        cfg["dspark_markov_rank"] = 256 if d.vocab == REAL.vocab else 16
+        if d.vocab != REAL.vocab:
+            cfg["dspark_noise_token_id"] = d.vocab - 8
+            cfg["dspark_markov_rank"] = 16
     return cfg
-
-
-def _config(n_layers: int, d: Dims) -> dict:
-    return {
-        "architectures": ["DeepseekV4ForCausalLM"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "expert_dtype": "fp4",
-        "hc_eps": 1e-06,
-        "hc_mult": d.hc_mult,
-        "hc_sinkhorn_iters": d.sinkhorn_iters,
-        "head_dim": d.head_dim,
-        "hidden_act": "silu",
-        "hidden_size": d.hidden,
-        "index_head_dim": d.index_dim,
-        "index_n_heads": d.index_heads,
-        "index_topk": d.index_topk,
-        "initializer_range": 0.02,
-        "max_position_embeddings": 1048576,
-        "model_type": "deepseek_v4",
-        "moe_intermediate_size": d.moe_inter,
-        "n_routed_experts": d.experts,
-        "n_shared_experts": 1,
-        "norm_topk_prob": True,
-        "num_attention_heads": d.heads,
-        "num_experts_per_tok": d.topk,
-        "num_hidden_layers": n_layers,
-        "num_hash_layers": min(3, n_layers),
-        "num_key_value_heads": 1,
-        "num_nextn_predict_layers": 1,
-        "o_groups": d.o_groups,
-        "o_lora_rank": d.o_lora,
-        "q_lora_rank": d.q_lora,
-        "qk_rope_head_dim": d.rope_dim,
-        "quantization_config": {
-            "activation_scheme": "dynamic",
-            "fmt": "e4m3",
-            "quant_method": "fp8",
-            "scale_fmt": "ue8m0",
-            "weight_block_size": [128, 128],
-        },
-        "rms_norm_eps": 1e-06,
-        "rope_scaling": {
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "factor": 16,
-            "original_max_position_embeddings": 65536,
-            "type": "yarn",
-        },
-        "rope_theta": 10000,
-        "routed_scaling_factor": 1.5,
-        "scoring_func": "sqrtsoftplus",
-        "sliding_window": d.window,
-        "swiglu_limit": 10.0,
-        "tie_word_embeddings": False,
-        "topk_method": "noaux_tc",
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.57.1",
-        "use_cache": True,
-        "vocab_size": d.vocab,
-        "compress_rope_theta": 160000,
-        "compress_ratios": REAL_RATIOS[:n_layers] + [0],
-    }
 
 
 # --------------------------------------------------------------------------------------------

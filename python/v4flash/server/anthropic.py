@@ -63,23 +63,31 @@ def _need(cond: bool, message: str) -> None:
         raise BadRequest(message)
 
 
+def _block_text(b: Any, where: str) -> Optional[str]:
+    """A text block's text; None for another kind of block. Images and documents are refused
+    (this model reads text only)."""
+    _need(isinstance(b, dict), f"{where} must be an object")
+    t = b.get("type")
+    if t in ("image", "document"):
+        raise BadRequest(f"{where}: {t} blocks are not supported (this model reads text only)")
+    if t != "text":
+        return None
+    _need(isinstance(b.get("text"), str), f"{where}: a text block needs a string 'text'")
+    return b["text"]
+
+
 def _text_of(content: Any, where: str) -> str:
     """A ``tool_result``'s or a system prompt's content: a string, or text blocks."""
     if isinstance(content, str):
         return content
     _need(isinstance(content, list), f"{where} must be a string or a list of text blocks")
     parts = []
-    for b in content:
-        _need(isinstance(b, dict), f"{where}: every block must be an object")
-        t = b.get("type")
-        if t == "text":
-            _need(isinstance(b.get("text"), str), f"{where}: a text block needs a string 'text'")
-            parts.append(b["text"])
-        elif t in ("image", "document"):
-            raise BadRequest(f"{where}: {t} blocks are not supported (this model reads text only)")
-        else:
-            raise BadRequest(f"{where}: unsupported block type {t!r}")
-    return "\n".join(parts) if len(parts) > 1 else (parts[0] if parts else "")
+    for j, b in enumerate(content):
+        text = _block_text(b, f"{where}[{j}]")
+        if text is None:
+            raise BadRequest(f"{where}[{j}]: unsupported block type {b.get('type')!r}")
+        parts.append(text)
+    return "\n".join(parts)
 
 
 def _messages(body: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -105,13 +113,10 @@ def _messages(body: Dict[str, Any]) -> List[Dict[str, Any]]:
         results: List[Dict[str, Any]] = []
         for j, b in enumerate(content):
             bw = f"{where}.content[{j}]"
-            _need(isinstance(b, dict), f"{bw} must be an object")
+            text = _block_text(b, bw)
             t = b.get("type")
-            if t == "text":
-                _need(isinstance(b.get("text"), str), f"{bw}: a text block needs a string 'text'")
-                texts.append(b["text"])
-            elif t in ("image", "document"):
-                raise BadRequest(f"{bw}: {t} blocks are not supported (this model reads text only)")
+            if text is not None:
+                texts.append(text)
             elif t == "tool_use" and role == "assistant":
                 _need(isinstance(b.get("id"), str), f"{bw}: tool_use needs a string 'id'")
                 _need(isinstance(b.get("name"), str), f"{bw}: tool_use needs a string 'name'")

@@ -347,38 +347,13 @@ class ResponseBuilder:
             return []
         self.open = None
         idx = self.output.index(item)
-        out = []
-        if item["type"] == "message":
-            part = item["content"][0]
-            out.append(
-                self._ev(
-                    "response.output_text.done",
-                    item_id=item["id"],
-                    output_index=idx,
-                    content_index=0,
-                    text=part["text"],
-                )
-            )
-            out.append(
-                self._ev(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=idx,
-                    content_index=0,
-                    part=part,
-                )
-            )
-        else:
-            part = item["content"][0]
-            out.append(
-                self._ev(
-                    "response.reasoning_text.done",
-                    item_id=item["id"],
-                    output_index=idx,
-                    content_index=0,
-                    text=part["text"],
-                )
-            )
+        part = item["content"][0]
+        at = {"item_id": item["id"], "output_index": idx, "content_index": 0}
+        message = item["type"] == "message"
+        kind = "output_text" if message else "reasoning_text"
+        out = [self._ev(f"response.{kind}.done", text=part["text"], **at)]
+        if message:
+            out.append(self._ev("response.content_part.done", part=part, **at))
         item["status"] = "completed"
         out.append(self._ev("response.output_item.done", output_index=idx, item=item))
         return out
