@@ -738,9 +738,9 @@ fn kernels_attend_single_key_is_exact_and_key_order_only_rounds() {
     }
 }
 
-/// `portable::dot` (the RMSNorms' and hyper-connections' dot product) gives the bits of its
-/// definition, 16 lanes of separate multiplies and adds reduced in a fixed tree, on every
-/// build the CPU picks (AVX-512, AVX2 or baseline), at every length and remainder.
+/// `ops::dot` (the RMSNorms' and hyper-connections' dot product, `generic::dot16`) gives the
+/// bits of its definition, 16 lanes of separate multiplies and adds reduced in a fixed tree,
+/// on every tier this CPU runs and on the active one, at every length and remainder.
 #[test]
 fn kernels_portable_dot_is_its_16_lane_definition() {
     fn reference(a: &[f32], b: &[f32]) -> f32 {
@@ -768,25 +768,10 @@ fn kernels_portable_dot_is_its_16_lane_definition() {
         let a: Vec<f32> = (0..len).map(|_| next()).collect();
         let b: Vec<f32> = (0..len + 3).map(|_| next()).collect();
         let want = reference(&a, &b[..len]).to_bits();
-        let got = super::portable::dot(&a, &b);
-        assert_eq!(got.to_bits(), want, "len {len}");
-        assert_eq!(
-            super::portable::dot_lanes(&a, &b).to_bits(),
-            want,
-            "len {len}"
-        );
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has avx2.
-                let got = unsafe { super::x86::dot16_avx2(&a, &b) };
-                assert_eq!(got.to_bits(), want, "avx2 len {len}");
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has avx512f.
-                let got = unsafe { super::x86::dot16_avx512(&a, &b) };
-                assert_eq!(got.to_bits(), want, "avx512 len {len}");
-            }
+        assert_eq!(ops::dot(&a, &b).to_bits(), want, "len {len}");
+        for tier in tiers() {
+            let got = tier::with_kernel!(tier, k => generic::Kernel::dot16(k, &a, &b));
+            assert_eq!(got.to_bits(), want, "{} len {len}", tier.name());
         }
     }
 }

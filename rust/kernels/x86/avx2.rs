@@ -14,10 +14,9 @@
 //! The FP4 passes of 1 to 4 tokens and the one-token FP8 pass run as assembly loops
 //! (`fp4_loops`, `fp8_loops`; `fp4_loop` and `fp8_bits_loop` below).
 
-use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Fp4Loop, Fp8Loop, Simd};
+use super::cpu::{self, Prefetch};
 use super::int8;
-use super::Prefetch;
 use crate::dtype::{e8m0_to_f32, E2M1_LUT};
 use std::arch::x86_64::*;
 
@@ -27,9 +26,9 @@ use std::arch::x86_64::*;
 pub(crate) struct Avx2 {
     /// where the one-token read-ahead goes
     pf: Prefetch,
-    /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
+    /// whether the FP8 loops take the weights as their bits (`cpu::fp8_bits`)
     fp8_bits: bool,
-    /// whether `gemm` prefetches the next token tile's x (`super::gemm_x_ahead`)
+    /// whether `gemm` prefetches the next token tile's x (`cpu::gemm_x_ahead`)
     x_ahead: bool,
 }
 
@@ -40,26 +39,13 @@ impl Avx2 {
             && is_x86_feature_detected!("f16c");
         ok.then(|| Avx2 {
             pf: Prefetch::avx2(),
-            fp8_bits: super::fp8_bits(),
-            x_ahead: super::gemm_x_ahead(),
+            fp8_bits: cpu::fp8_bits(),
+            x_ahead: cpu::gemm_x_ahead(),
         })
     }
 }
 
-// rows_xt: 3 rows for 2-token passes (2 before session 40), measured on Zen 4 (`kernels_ab
-// prefill`, one thread, share of the FMA peak, 2 tokens): FP4 2048 x 4096 46-47 -> 52-53 %
-// (with `FP4_X_BY_CHUNK`), FP8 4096 x 4096 39-41 -> 49-50 %, BF16 27-29 -> 36-38 %. 3 rows
-// for 3 or 4 tokens lost (FP4 64 -> 38 %, 58 -> 47 %): 16 registers.
-simd_kernel!(
-    Avx2,
-    features = "avx2,fma,f16c",
-    rows_xt = [8, 3, 2, 2],
-    fp4_rows_x1 = 4,
-    gemm_rows = 4,
-    gemm_tokens = 3,
-    q8_rows = 4,
-    chains = 12
-);
+simd_kernel!(Avx2, "avx2,fma,f16c");
 
 // In every method below, SAFETY: `self` exists, so `detect` found avx2, fma and f16c, the
 // features of every intrinsic called; pointer validity is the caller's contract (see
@@ -67,6 +53,18 @@ simd_kernel!(
 impl Simd for Avx2 {
     type V = __m256;
     const LANES: usize = 8;
+
+    /// 3 rows for 2-token passes (2 before session 40), measured on Zen 4 (`kernels_ab
+    /// prefill`, one thread, share of the FMA peak, 2 tokens): FP4 2048 x 4096 46-47 -> 52-53 %
+    /// (with `FP4_X_BY_CHUNK`), FP8 4096 x 4096 39-41 -> 49-50 %, BF16 27-29 -> 36-38 %. 3 rows
+    /// for 3 or 4 tokens lost (FP4 64 -> 38 %, 58 -> 47 %): 16 registers.
+    const ROWS_XT: [usize; 4] = [8, 3, 2, 2];
+    /// 4 FP4 rows share each x load in the one-token path (`FP4_X_BY_CHUNK`).
+    const FP4_ROWS_X1: usize = 4;
+    /// 4 rows x 3 tokens: 12 accumulators of 16 registers.
+    const GEMM_TILE: (usize, usize) = (4, 3);
+    const Q8_ROWS: usize = 4;
+    const CHAINS: usize = 12;
 
     #[inline(always)]
     fn splat(self, x: f32) -> __m256 {
@@ -155,7 +153,7 @@ impl Simd for Avx2 {
     /// Measured on Zen 3 (one core, 8 rows x 1024 columns from L2): 14.2 GB/s against 10.6.
     const FP8_BITS: bool = true;
 
-    /// Only where `super::fp8_bits` says so.
+    /// Only where `cpu::fp8_bits` says so.
     #[inline(always)]
     fn fp8_bits_on(self) -> bool {
         self.fp8_bits
@@ -181,7 +179,7 @@ impl Simd for Avx2 {
     }
 
     /// 8 rows (the one-token pass) run as the assembly loop of `fp8_loops`, with this CPU's
-    /// read-ahead hint (`super::Prefetch`).
+    /// read-ahead hint (`cpu::Prefetch`).
     #[inline(always)]
     unsafe fn fp8_bits_loop(self, r: usize, p: Fp8Loop, acc: &mut [__m256]) -> usize {
         if r != 8 || p.pairs == 0 {
@@ -225,7 +223,7 @@ impl Simd for Avx2 {
     #[inline(always)]
     fn prefetch_x(self, p: *const u8) {
         // SAFETY: see the impl; any address (`prefetch_l1`).
-        unsafe { super::prefetch_l1(p) }
+        unsafe { cpu::prefetch_l1(p) }
     }
 
     /// The first 8 E2M1 values; not used by this tier (`fp4_scaled_table` reads
@@ -307,7 +305,7 @@ impl Simd for Avx2 {
     }
 
     /// 4 rows x 1 token, 2 rows x 3 or 4 tokens and 3 rows x 2 tokens run as the assembly
-    /// loops of `fp4_loops`, with this CPU's read-ahead hint (`super::Prefetch`).
+    /// loops of `fp4_loops`, with this CPU's read-ahead hint (`cpu::Prefetch`).
     #[inline(always)]
     unsafe fn fp4_loop(self, r: usize, p: Fp4Loop<__m256>, acc: &mut [__m256]) -> bool {
         use super::fp4_loops::*;

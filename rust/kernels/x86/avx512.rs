@@ -2,16 +2,15 @@
 //!
 //! FP8: 16 bytes sign-extended to 16-bit lanes, `(s << 7) & 0xBF80` is the f16 of e4m3/256
 //! (subnormals included, no f32 denormals), then `vcvtph2ps`; on AMD the one-token and
-//! fused paths take the bits straight into f32 lanes instead (`fp8_bits`, `super::fp8_bits`).
+//! fused paths take the bits straight into f32 lanes instead (`fp8_bits`, `cpu::fp8_bits`).
 //! FP4: the 16-entry E2M1 table times the block scale sits in one register and `vpermps`
 //! picks by nibble; column groups are 32 wide ([16 even, 16 odd]). Eight rows share each x
 //! load in the one-token path; the prefill micro-kernel runs 4 rows x 6 tokens (24
 //! accumulators of 32 registers).
 
-use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
+use super::cpu::{self, Prefetch};
 use super::int8;
-use super::Prefetch;
 use crate::dtype::E2M1_LUT;
 use std::arch::x86_64::*;
 
@@ -21,9 +20,9 @@ use std::arch::x86_64::*;
 pub(crate) struct Avx512 {
     /// where the one-token read-ahead goes
     pf: Prefetch,
-    /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
+    /// whether the FP8 loops take the weights as their bits (`cpu::fp8_bits`)
     fp8_bits: bool,
-    /// whether `gemm` prefetches the next token tile's x (`super::gemm_x_ahead`)
+    /// whether `gemm` prefetches the next token tile's x (`cpu::gemm_x_ahead`)
     x_ahead: bool,
 }
 
@@ -37,27 +36,13 @@ impl Avx512 {
             && is_x86_feature_detected!("f16c");
         ok.then(|| Avx512 {
             pf: Prefetch::avx512(),
-            fp8_bits: super::fp8_bits(),
-            x_ahead: super::gemm_x_ahead(),
+            fp8_bits: cpu::fp8_bits(),
+            x_ahead: cpu::gemm_x_ahead(),
         })
     }
 }
 
-// rows_xt: 3 rows for 4-token passes (2 before session 40), measured on Zen 4 with the FP4
-// passes chunk by chunk (`kernels_ab prefill`, one thread, share of the FMA peak): FP4
-// 2048 x 4096 at 4 tokens 84-85 -> 90-91 % (8 to 16 tokens, in passes of 4: 84-85 -> 90-91 %),
-// 4096 x 2048 87 -> 88-89 %; FP8 4096 x 4096 at 4 tokens 60-63 -> 77-80 %, BF16 34-38 ->
-// 57-66 %. 4 rows: the same for FP4 and FP8, BF16 69-74 %, FP4 4096 x 2048 86 %.
-simd_kernel!(
-    Avx512,
-    features = "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
-    rows_xt = [8, 4, 3, 3],
-    fp4_rows_x1 = 8,
-    gemm_rows = 4,
-    gemm_tokens = 6,
-    q8_rows = 4,
-    chains = 16
-);
+simd_kernel!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 
 // In every method below, SAFETY: `self` exists, so `detect` found avx512f/bw/vl, avx2, fma
 // and f16c, the features of every intrinsic called; pointer validity is the caller's
@@ -65,6 +50,17 @@ simd_kernel!(
 impl Simd for Avx512 {
     type V = __m512;
     const LANES: usize = 16;
+
+    /// 3 rows for 4-token passes (2 before session 40), measured on Zen 4 with the FP4
+    /// passes chunk by chunk (`kernels_ab prefill`, one thread, share of the FMA peak): FP4
+    /// 2048 x 4096 at 4 tokens 84-85 -> 90-91 % (8 to 16 tokens, in passes of 4: 84-85 ->
+    /// 90-91 %), 4096 x 2048 87 -> 88-89 %; FP8 4096 x 4096 at 4 tokens 60-63 -> 77-80 %, BF16
+    /// 34-38 -> 57-66 %. 4 rows: the same for FP4 and FP8, BF16 69-74 %, FP4 4096 x 2048 86 %.
+    const ROWS_XT: [usize; 4] = [8, 4, 3, 3];
+    /// 4 rows x 6 tokens: 24 accumulators of 32 registers.
+    const GEMM_TILE: (usize, usize) = (4, 6);
+    const Q8_ROWS: usize = 4;
+    const CHAINS: usize = 16;
 
     #[inline(always)]
     fn splat(self, x: f32) -> __m512 {
@@ -181,7 +177,7 @@ impl Simd for Avx512 {
     /// 8 tokens 65-69 -> 66-70.
     const FP8_BITS: bool = true;
 
-    /// Only where `super::fp8_bits` says so.
+    /// Only where `cpu::fp8_bits` says so.
     #[inline(always)]
     fn fp8_bits_on(self) -> bool {
         self.fp8_bits
@@ -230,7 +226,7 @@ impl Simd for Avx512 {
     #[inline(always)]
     fn prefetch_x(self, p: *const u8) {
         // SAFETY: see the impl; any address (`prefetch_l1`).
-        unsafe { super::prefetch_l1(p) }
+        unsafe { cpu::prefetch_l1(p) }
     }
 
     #[inline(always)]

@@ -252,7 +252,7 @@ macro_rules! fp4_asm {
 }
 
 /// The four loops for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
-/// `super::Prefetch` picks for this CPU).
+/// `cpu::Prefetch` picks for this CPU).
 macro_rules! loops {
     ($pf:literal, $r4t1:ident, $r2t4:ident, $r2t3:ident, $r3t2:ident) => {
         /// 4 rows x 1 token (the one-token pass); `acc` = the 4 rows'.
