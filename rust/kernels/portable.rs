@@ -52,11 +52,6 @@ unsafe fn bytes<const N: usize>(p: *const u8) -> [u8; N] {
 impl Simd for Portable {
     type V = V;
     const LANES: usize = L;
-    const ROWS_XT: [usize; 4] = [4, 2, 2, 2];
-    const GEMM_TILE: (usize, usize) = (1, 3);
-    const Q8_ROWS: usize = 1;
-    const CHAINS: usize = 8;
-
     #[inline(always)]
     fn splat(self, x: f32) -> V {
         [x; L]
@@ -129,6 +124,13 @@ impl Simd for Portable {
         let hi: V = std::array::from_fn(|i| t[(b[i] >> 4) as usize]);
         [lo, hi, lo, hi]
     }
+
+    // ---- register tiles of the loops ----
+
+    const ROWS_XT: [usize; 4] = [4, 2, 2, 2];
+    const GEMM_TILE: (usize, usize) = (1, 3);
+    const Q8_ROWS: usize = 1;
+    const CHAINS: usize = 8;
 }
 
 #[inline(always)]

@@ -93,8 +93,7 @@ pub(crate) fn attend<S: Simd>(
     s: S,
     q: &[f32],
     keys: &[&[f32]],
-    scale: f32,
-    sinks: &[f32],
+    (scale, sinks): (f32, &[f32]),
     out: &mut [f32],
 ) {
     let h = sinks.len();

@@ -189,7 +189,7 @@ macro_rules! simd_kernel {
                     (scale, sinks): (f32, &[f32]),
                     out: &mut [f32],
                 ) {
-                    $crate::kernels::generic::attend(s, q, keys, scale, sinks, out)
+                    $crate::kernels::generic::attend(s, q, keys, (scale, sinks), out)
                 }
                 // SAFETY: as in `dot_xt`.
                 unsafe { go(self, q, keys, (scale, sinks), out) }

@@ -151,3 +151,55 @@ impl Prefetch {
         }
     }
 }
+
+/// The rules an x86 tier follows on this CPU, decided once (its `detect` reads them): where the
+/// one-token read-ahead goes, whether the FP8 loops take the weights as their bits
+/// (`fp8_bits`), whether `gemm` reads the next token tile's x ahead (`gemm_x_ahead`).
+#[derive(Clone, Copy)]
+pub(crate) struct Rules {
+    pub(super) pf: Prefetch,
+    pub(super) fp8_bits: bool,
+    pub(super) x_ahead: bool,
+}
+
+impl Rules {
+    /// The rules of a tier whose read-ahead goes where `pf` says.
+    pub(crate) fn new(pf: Prefetch) -> Rules {
+        Rules {
+            pf,
+            fp8_bits: fp8_bits(),
+            x_ahead: gemm_x_ahead(),
+        }
+    }
+}
+
+/// The `Simd` methods an x86 tier (a proof type whose field 0 is its `Rules`) answers from its
+/// rules, written once for both tiers: inside their `impl Simd`.
+macro_rules! rules_methods {
+    () => {
+        /// Only where `cpu::fp8_bits` says so.
+        #[inline(always)]
+        fn fp8_bits_on(self) -> bool {
+            self.0.fp8_bits
+        }
+
+        #[inline(always)]
+        fn prefetch(self, p: *const u8) {
+            // SAFETY: see the impl; a prefetch reads nothing architecturally and never
+            // faults, whatever the address (`Prefetch::line` picks the level).
+            unsafe { self.0.pf.line(p) }
+        }
+
+        #[inline(always)]
+        fn gemm_x_ahead(self) -> bool {
+            self.0.x_ahead
+        }
+
+        #[inline(always)]
+        fn prefetch_x(self, p: *const u8) {
+            // SAFETY: see the impl; any address (`prefetch_l1`).
+            unsafe { $crate::kernels::x86::cpu::prefetch_l1(p) }
+        }
+    };
+}
+pub(crate) use rules_methods;

@@ -7,6 +7,7 @@ mod bf16;
 mod fp4_loops;
 mod fp8_loops;
 mod int8;
+mod lanes;
 
 // last (not sorted in: see `generic`'s module list), where these rules stood before they had a
 // file of their own
