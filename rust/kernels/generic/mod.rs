@@ -33,24 +33,13 @@
 //! - `attend`: the f32 dot products and the attention heads;
 //! - `q8`: fast numerics' int8 FP4 products.
 
-// In the order of the list above, not alphabetical (blank lines keep rustfmt from sorting
-// them): rustc hands a codegen unit's functions to LLVM in the order of their definitions,
-// and in the 4-unit release build that order moved the registers of some hot loops (8 more
-// moves per step in the AVX-512 one-token FP4 loop, with the files in alphabetical order).
-// In this order the definitions keep the order they had in one file.
-mod simd;
-
-mod kernel;
-
-mod decode;
-
-mod fused;
-
-mod gemm;
-
 mod attend;
-
+mod decode;
+mod fused;
+mod gemm;
+mod kernel;
 mod q8;
+mod simd;
 
 pub use attend::softmax;
 pub(crate) use attend::{attend, dot, dot16, fma_probe};

@@ -4,14 +4,11 @@
 mod avx2;
 mod avx512;
 mod bf16;
+mod cpu;
 mod fp4_loops;
 mod fp8_loops;
 mod int8;
 mod lanes;
-
-// last (not sorted in: see `generic`'s module list), where these rules stood before they had a
-// file of their own
-mod cpu;
 
 pub(crate) use avx2::Avx2;
 pub(crate) use avx512::Avx512;
