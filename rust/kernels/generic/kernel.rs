@@ -68,8 +68,9 @@ pub(crate) trait Kernel: Simd + Send + Sync {
 ///
 /// `dot16`'s function goes in a module of its own (`$lanes`, `lanes16` unless named: a file
 /// with two tiers names them apart). In the tier's module, its code changed LLVM's register
-/// allocation of the other loops in the 4-unit release build (8 more register moves per step
-/// in the AVX-512 one-token FP4 loop); rustc gives a module's functions to LLVM together.
+/// allocation of the tier's other loops in the release build (measured: 8 more register
+/// moves per step of the AVX-512 one-token FP4 loop); in a module of its own, the other loops
+/// compile as they did without it.
 macro_rules! simd_kernel {
     ($tier:ty $(, $feat:literal)?) => {
         $crate::kernels::generic::simd_kernel!($tier, lanes16 $(, $feat)?);
