@@ -1,7 +1,8 @@
 //! Kernel throughput next to the machine's own limits, in one short run:
 //!
-//! - `stream/*`: a plain sum over a 2 GiB f32 buffer: the measured read bandwidth every
-//!   decode kernel should be compared with;
+//! - `stream/*`: the engine's memory probe (`probe::mem_read_gbs`, a plain sum over a 2 GiB
+//!   f32 buffer, as `kernels_ab` runs it): the measured read bandwidth every decode kernel
+//!   should be compared with;
 //! - `decode/*`: one-token matvec over the checkpoint's real shapes, `Throughput::Bytes`
 //!   = weight + scale bytes; each iteration uses the next of several copies (>= 2 GiB in
 //!   all) so weights come from DRAM as in real decode, not from the L3 (up to 260 MiB on
@@ -17,9 +18,12 @@
 mod common;
 
 use _core::kernels::{fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier};
+use _core::probe::mem_read_gbs;
 use common::{make, mat, ring, Kind};
-use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
-use rayon::prelude::*;
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -36,13 +40,19 @@ fn ring_bytes() -> usize {
     }
 }
 
-fn pools() -> Vec<(usize, rayon::ThreadPool)> {
+/// One thread, and all of them.
+fn thread_counts() -> Vec<usize> {
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut v = vec![1];
     if all > 1 {
         v.push(all);
     }
-    v.into_iter()
+    v
+}
+
+fn pools() -> Vec<(usize, rayon::ThreadPool)> {
+    thread_counts()
+        .into_iter()
         .map(|t| {
             let p = rayon::ThreadPoolBuilder::new()
                 .num_threads(t)
@@ -64,34 +74,35 @@ fn has_bf16() -> bool {
 }
 
 fn stream(c: &mut Criterion) {
-    let bytes: usize = if full_size() { 2 << 30 } else { 16 << 20 };
-    let buf = vec![1f32; bytes / 4];
+    let bytes: usize = 2 << 30;
     let mut g = c.benchmark_group("stream");
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .sampling_mode(SamplingMode::Flat)
         .throughput(Throughput::Bytes(bytes as u64));
-    for (t, pool) in pools() {
+    for t in thread_counts() {
         g.bench_function(BenchmarkId::new("sum_f32_2GiB", format!("{t}t")), |b| {
-            b.iter(|| {
-                pool.install(|| {
-                    buf.par_chunks(1 << 20)
-                        .map(|ch| {
-                            // 64 independent lanes: bound by memory, not by add latency
-                            let mut acc = [0f32; 64];
-                            for v in ch.chunks_exact(64) {
-                                for l in 0..64 {
-                                    acc[l] += v[l];
-                                }
-                            }
-                            acc.iter().sum::<f32>()
-                        })
-                        .sum::<f32>()
-                })
+            // the probe reads the buffer `iters` times (after filling it once) and reports
+            // its best pass: that pass's time, `iters` times
+            b.iter_custom(|iters| {
+                let gbs = mem_read_gbs(bytes, t, iters as usize).expect("the memory probe ran");
+                Duration::from_secs_f64(bytes as f64 / (gbs * 1e9) * iters as f64)
             })
         });
     }
+}
+
+/// `product` once per iteration on `pool`, in `g` as `id` (its tier was checked before).
+fn bench_on(
+    g: &mut BenchmarkGroup<WallTime>,
+    id: BenchmarkId,
+    pool: &rayon::ThreadPool,
+    mut product: impl FnMut() -> Result<(), String> + Send,
+) {
+    g.bench_function(id, |b| {
+        b.iter(|| pool.install(&mut product).expect("the tier was checked"))
+    });
 }
 
 fn decode(c: &mut Criterion) {
@@ -114,28 +125,23 @@ fn decode(c: &mut Criterion) {
         let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
         let mut y = vec![0f32; rows];
         g.throughput(Throughput::Bytes(bytes as u64));
+        // the next matrix of the ring at each iteration
+        let mut i = 0;
+        let mut next = || {
+            i = (i + 1) % mats.len();
+            &mats[i]
+        };
         for tier in tiers() {
             for (t, pool) in &pools {
                 let id = BenchmarkId::new(name, format!("{}/{t}t", tier.name()));
-                let mut i = 0;
-                g.bench_function(id, |b| {
-                    b.iter(|| {
-                        i = (i + 1) % mats.len();
-                        pool.install(|| matmul_tier(tier, &mats[i], 0..rows, &x, 1, &mut y))
-                            .unwrap();
-                        black_box(&y);
-                    })
+                bench_on(&mut g, id, pool, || {
+                    matmul_tier(tier, next(), 0..rows, &x, 1, black_box(&mut y))
                 });
                 if kind == Kind::Fp4 {
                     // fast numerics: int8 activations
                     let id = BenchmarkId::new(name, format!("{}-fast/{t}t", tier.name()));
-                    g.bench_function(id, |b| {
-                        b.iter(|| {
-                            i = (i + 1) % mats.len();
-                            pool.install(|| matmul_q8_tier(tier, &mats[i], 0..rows, &x, 1, &mut y))
-                                .unwrap();
-                            black_box(&y);
-                        })
+                    bench_on(&mut g, id, pool, || {
+                        matmul_q8_tier(tier, next(), 0..rows, &x, 1, black_box(&mut y))
                     });
                 }
             }
@@ -143,14 +149,8 @@ fn decode(c: &mut Criterion) {
         if kind != Kind::Bf16 && has_bf16() {
             for (t, pool) in &pools {
                 let id = BenchmarkId::new(name, format!("bf16/{t}t"));
-                let mut i = 0;
-                g.bench_function(id, |b| {
-                    b.iter(|| {
-                        i = (i + 1) % mats.len();
-                        pool.install(|| matmul_bf16(&mats[i], 0..rows, &x, 1, &mut y))
-                            .unwrap();
-                        black_box(&y);
-                    })
+                bench_on(&mut g, id, pool, || {
+                    matmul_bf16(next(), 0..rows, &x, 1, black_box(&mut y))
                 });
             }
         }
@@ -200,50 +200,30 @@ fn prefill(c: &mut Criterion) {
                 .map(|i| (i % 11) as f32 * 0.05 - 0.25)
                 .collect();
             let mut y = vec![0f32; n * rows];
+            let shape = format!("{kname}_{rows}x{cols}_n{n}");
             g.throughput(Throughput::Elements((2 * rows * cols * n) as u64));
             for tier in tiers() {
                 if tier == Tier::Portable && n > 64 {
                     continue;
                 }
                 for (t, pool) in &pools {
-                    let id = BenchmarkId::new(
-                        format!("{kname}_{rows}x{cols}_n{n}"),
-                        format!("{}/{t}t", tier.name()),
-                    );
-                    g.bench_function(id, |b| {
-                        b.iter(|| {
-                            pool.install(|| matmul_tier(tier, &m, 0..rows, &x, n, &mut y))
-                                .unwrap();
-                            black_box(&y);
-                        })
+                    let id = BenchmarkId::new(&shape, format!("{}/{t}t", tier.name()));
+                    bench_on(&mut g, id, pool, || {
+                        matmul_tier(tier, &m, 0..rows, &x, n, black_box(&mut y))
                     });
                     if kind == Kind::Fp4 {
-                        let id = BenchmarkId::new(
-                            format!("{kname}_{rows}x{cols}_n{n}"),
-                            format!("{}-fast/{t}t", tier.name()),
-                        );
-                        g.bench_function(id, |b| {
-                            b.iter(|| {
-                                pool.install(|| matmul_q8_tier(tier, &m, 0..rows, &x, n, &mut y))
-                                    .unwrap();
-                                black_box(&y);
-                            })
+                        let id = BenchmarkId::new(&shape, format!("{}-fast/{t}t", tier.name()));
+                        bench_on(&mut g, id, pool, || {
+                            matmul_q8_tier(tier, &m, 0..rows, &x, n, black_box(&mut y))
                         });
                     }
                 }
             }
             if has_bf16() {
                 for (t, pool) in &pools {
-                    let id = BenchmarkId::new(
-                        format!("{kname}_{rows}x{cols}_n{n}"),
-                        format!("bf16/{t}t"),
-                    );
-                    g.bench_function(id, |b| {
-                        b.iter(|| {
-                            pool.install(|| matmul_bf16(&m, 0..rows, &x, n, &mut y))
-                                .unwrap();
-                            black_box(&y);
-                        })
+                    let id = BenchmarkId::new(&shape, format!("bf16/{t}t"));
+                    bench_on(&mut g, id, pool, || {
+                        matmul_bf16(&m, 0..rows, &x, n, black_box(&mut y))
                     });
                 }
             }

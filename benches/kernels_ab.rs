@@ -8,6 +8,7 @@
 //! cargo bench --bench kernels_ab -- expert  fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]
 //! cargo bench --bench kernels_ab -- wave    fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]
 //! cargo bench --bench kernels_ab -- attend  KEYS DIM TIER HEADS [ROUNDS]
+//! cargo bench --bench kernels_ab -- dot     LEN [ROUNDS]
 //! ```
 //!
 //! `fp4-fast`: the FP4 product of fast numerics without bf16 products (int8 activations,
@@ -30,13 +31,16 @@
 //!   side by side (`expert` below).
 //! - `attend`: HEADS heads of one query against KEYS shared keys of DIM columns, one head per
 //!   call against all in one call (`attend` below), on one thread.
+//! - `dot`: the two f32 dot products of LEN columns (from L1) on one thread, on the active tier
+//!   (`V4FLASH_KERNELS` picks it): `ops::dot` (the RMSNorms' and hyper-connection mixes', 16
+//!   fixed lanes) and `kernels::dot` (the indexer's, the tier's FMA lanes). Prints GFLOP/s.
 //! - `wave`: one token through the same ring, each expert in its own `install` against
 //!   EXPERTS experts at a time in one (`wave` below), next to the streaming read.
 
 mod common;
 
 use _core::kernels::{
-    attend_tier, fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, MatRef, Tier,
+    attend_tier, fma_probe, matmul_bf16, matmul_q8_tier, matmul_tier, ops, tier_name, MatRef, Tier,
 };
 use _core::probe::mem_read_gbs;
 use common::{make, mat, ring, Kind, Owned};
@@ -337,7 +341,35 @@ fn attend(nk: usize, d: usize, tier: Tier, heads: usize, rounds: usize) {
     );
 }
 
-const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS] [RING_MIB]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- wave fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]\n       cargo bench --bench kernels_ab -- attend KEYS DIM TIER HEADS [ROUNDS]";
+/// `ops::dot` and `kernels::dot` of two LEN-column vectors on the active tier, one thread,
+/// rounds alternating. Prints GFLOP/s of each.
+fn dot(len: usize, rounds: usize) {
+    let val = |i: usize| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5;
+    let (a, b): (Vec<f32>, Vec<f32>) = ((0..len).map(val).collect(), (1..=len).map(val).collect());
+    let reps = ((1e9 / (2 * len.max(1)) as f64) as usize).max(1);
+    let time = |f: fn(&[f32], &[f32]) -> f32| -> f64 {
+        let t0 = Instant::now();
+        let mut s = 0f32;
+        for _ in 0..reps {
+            s += f(std::hint::black_box(&a), std::hint::black_box(&b));
+        }
+        std::hint::black_box(s);
+        (2 * len * reps) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    let (mut o, mut k) = (vec![], vec![]);
+    for _ in 0..rounds {
+        o.push(time(ops::dot));
+        k.push(time(_core::kernels::dot));
+    }
+    println!(
+        "dot {len} {}: ops::dot {:.1} GFLOP/s, kernels::dot {:.1} GFLOP/s (medians of {rounds})",
+        tier_name(),
+        median(o),
+        median(k)
+    );
+}
+
+const USAGE: &str = "usage: cargo bench --bench kernels_ab -- decode fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER [ROUNDS] [RING_MIB]\n       cargo bench --bench kernels_ab -- prefill fp4|fp8|bf16|fp4-fast|fp8-bf16|fp4-bf16 ROWS COLS TIER TOKENS [ROUNDS]\n       cargo bench --bench kernels_ab -- expert fp4|fp8|bf16 INTER HIDDEN TIER [ROUNDS]\n       cargo bench --bench kernels_ab -- wave fp4|fp8|bf16 INTER HIDDEN TIER EXPERTS [ROUNDS]\n       cargo bench --bench kernels_ab -- attend KEYS DIM TIER HEADS [ROUNDS]\n       cargo bench --bench kernels_ab -- dot LEN [ROUNDS]";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets too; only `cargo bench` (which passes
@@ -346,10 +378,6 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    if !std::env::args().any(|a| a == "--bench") || args.len() < 5 {
-        println!("{USAGE}");
-        return;
-    }
     let num = |i: usize, what: &str| -> Option<usize> {
         let v = args.get(i)?.parse().ok();
         if v.is_none() {
@@ -357,6 +385,15 @@ fn main() {
         }
         v
     };
+    let bench = std::env::args().any(|a| a == "--bench");
+    if bench && args.len() >= 2 && args[0] == "dot" {
+        let Some(len) = num(1, "LEN") else { return };
+        return dot(len, num(2, "ROUNDS").unwrap_or(5));
+    }
+    if !bench || args.len() < 5 {
+        println!("{USAGE}");
+        return;
+    }
     if args[0] == "attend" {
         let (Some(nk), Some(d), Some(heads)) = (num(1, "KEYS"), num(2, "DIM"), num(4, "HEADS"))
         else {

@@ -56,16 +56,11 @@ pub fn make(kind: Kind, rows: usize, cols: usize, seed: u64) -> Owned {
 
 /// `o` as a matrix of `kind`.
 pub fn mat<'a>(kind: Kind, rows: usize, cols: usize, o: &'a Owned) -> MatRef<'a> {
+    let (q, scale) = (&o.q[..], &o.s[..]);
     let w = match kind {
-        Kind::Fp8 => Weights::Fp8 {
-            q: &o.q,
-            scale: &o.s,
-        },
-        Kind::Fp4 => Weights::Fp4 {
-            q: &o.q,
-            scale: &o.s,
-        },
-        Kind::Bf16 => Weights::Bf16(&o.q),
+        Kind::Fp8 => Weights::Fp8 { q, scale },
+        Kind::Fp4 => Weights::Fp4 { q, scale },
+        Kind::Bf16 => Weights::Bf16(q),
     };
     MatRef::new(rows, cols, w).unwrap()
 }

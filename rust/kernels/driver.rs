@@ -31,98 +31,24 @@
 //! sequence of operations on the same values, each token's result is bit-identical to
 //! computing it alone.
 
-use super::generic;
+use super::generic::{panel_stride, Kernel};
+use super::matrix::{MatRef, Weights};
 use super::quant::quantize;
-use super::{MatRef, Weights};
+use super::rows::{view, Rows};
 use crate::dtype::e8m0_to_f32;
 use crate::scratch::{self, Buf};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// A run of consecutive rows of one matrix, in the checkpoint layout.
-#[derive(Clone, Copy)]
-pub(crate) enum Rows<'a> {
-    /// [nrows, cols]
-    F32(&'a [f32]),
-    /// [nrows, cols * 2] little-endian bf16
-    Bf16(&'a [u8]),
-    /// q: [nrows, cols] e4m3; scale: [ceil(cols / 128)], the scale row of the one 128-row
-    /// block all these rows belong to.
-    Fp8 { q: &'a [u8], scale: &'a [u8] },
-    /// q: [nrows, cols / 2]; scale: [nrows, cols / 32]
-    Fp4 { q: &'a [u8], scale: &'a [u8] },
-}
-
-#[derive(Clone, Copy)]
-pub(crate) struct RowsView<'a> {
-    pub rows: Rows<'a>,
-    pub nrows: usize,
-    pub cols: usize,
-    /// FP8 in the fused path only: x holds the block scales times 2^112 (`scale_x`), so the
-    /// weights enter as `Simd::fp8_bits` (e4m3 * 2^-120) instead of `Simd::fp8` (e4m3 *
-    /// 2^-8): the same products, hence the same bits.
-    pub fp8_bits: bool,
-}
-
-/// One kernel tier. Values of implementing types exist only when the CPU supports the
-/// tier, so the methods are safe to call. Every tier implements it through `Simd` and
-/// `simd_kernel!` (see `generic`).
-pub(crate) trait Kernel: Copy + Send + Sync {
-    /// f32 lanes per vector chunk; the column layout is padded to a multiple of it.
-    const LANES: usize;
-    /// Columns per FP4 group and the column order inside one (`generic::Simd`).
-    const FP4_GROUP: usize;
-    fn fp4_col(k: usize) -> usize;
-    /// Tokens per fused pass for FP4 (`generic::Simd::FP4_PASS`).
-    const FP4_PASS: usize;
-    /// Whether the fused FP8 path takes the weights as their bits on this CPU
-    /// (`generic::Simd::FP8_BITS` and `fp8_bits_on`).
-    fn fp8_bits(self) -> bool;
-    /// Most tokens for which FP4 rows take the fused path (`generic::Simd::FP4_FUSED_MAX`).
-    const FP4_FUSED_MAX: usize;
-    /// `Simd::GEMM_PANEL`: columns per panel of `gemm`.
-    const GEMM_PANEL: usize;
-    /// out[r * os + t] = dot(row r, x[t]) for every row of `w` and 1 to 4 tokens, x = (xp,
-    /// stride, n), out = (out, os): decoded on the fly, each weight once for the n tokens.
-    fn dot_xt(self, w: &RowsView, x: (&[f32], usize, usize), out: (&mut [f32], usize));
-    /// out[r, t] = dot(row r, x[t]) for the rows of `w` (at most GROUP) and n tokens, x =
-    /// (xp, stride, n): tokens `stride` apart in the tier's column layout. Decodes the rows
-    /// panel by panel into `pbuf` (at least GROUP * `generic::panel_stride` f32); `accs` is
-    /// scratch of at least nrows * n * LANES f32. Any contents, reused across calls.
-    fn gemm(
-        self,
-        w: &RowsView,
-        x: (&[f32], usize, usize),
-        out: &mut [f32],
-        accs: &mut [f32],
-        pbuf: &mut [f32],
-    );
-    /// Fast numerics, FP4 rows only: out[r] = row r · x with int8 activations (xq [cols] in
-    /// the FP4 block order, xd [cols / 32] steps; see `quant`).
-    fn dot_q8_x1(self, w: &RowsView, xq: &[i8], xd: &[f32], out: &mut [f32]);
-    /// wq [nrows, cols] = the FP4 rows as int8 weights `2 * E2M1` in block order, ws
-    /// [nrows, cols / 32] their block scales (e8m0 / 2).
-    fn decode_q8(self, w: &RowsView, wq: &mut [i8], ws: &mut [f32]);
-    /// out[r, t] = (wq, ws)[r] · (xq, xd)[t] for r < nrows, t < n; rows and tokens are
-    /// `cols` int8 apart. `accs`: scratch as in `gemm`.
-    fn gemm_q8(
-        self,
-        w: (&[i8], &[f32]),
-        nrows: usize,
-        cols: usize,
-        x: (&[i8], &[f32]),
-        n: usize,
-        out: &mut [f32],
-        accs: &mut [f32],
-    );
-    /// a · b (see `generic::dot`).
-    fn dot(self, a: &[f32], b: &[f32]) -> f32;
-    /// Attention heads sharing their keys: each head's out = softmax-weighted sum of `keys`
-    /// (see `generic::attend`); q, out [h, d], sinks [h].
-    fn attend(self, q: &[f32], keys: &[&[f32]], scale: f32, sinks: &[f32], out: &mut [f32]);
-    /// Benchmark support: a register-only multiply-add loop of `iters` rounds; returns (a
-    /// value to keep it alive, f32 flops performed).
-    fn fma_probe(self, iters: usize) -> (f32, u64);
+/// The operands of one product, y [n, rows.len()] = x [n, cols] · W[rows]ᵀ: checked by the
+/// caller (the lengths; at least one row and one token).
+#[derive(Clone)]
+pub(crate) struct Product<'a> {
+    pub m: &'a MatRef<'a>,
+    pub rows: Range<usize>,
+    /// [n, cols]
+    pub x: &'a [f32],
+    pub n: usize,
 }
 
 /// Rows decoded together in the prefill path.
@@ -136,36 +62,6 @@ const FUSED_MAX: usize = 8;
 
 /// Tokens per block in the prefill path (see `matmul`).
 const TOKEN_BLOCK: usize = 128;
-
-/// Rows `r` of `m` (an FP8 range must lie inside one 128-row block).
-pub(super) fn view<'a>(m: &MatRef<'a>, r: Range<usize>) -> RowsView<'a> {
-    let c = m.cols;
-    let rows = match m.w {
-        Weights::F32(d) => Rows::F32(&d[r.start * c..r.end * c]),
-        Weights::Bf16(d) => Rows::Bf16(&d[r.start * c * 2..r.end * c * 2]),
-        Weights::Fp8 { q, scale } => {
-            let (sc, rb) = (c.div_ceil(128), r.start / 128);
-            assert!(
-                r.is_empty() || (r.end - 1) / 128 == rb,
-                "fp8 rows span a block"
-            );
-            Rows::Fp8 {
-                q: &q[r.start * c..r.end * c],
-                scale: &scale[rb * sc..(rb + 1) * sc],
-            }
-        }
-        Weights::Fp4 { q, scale } => Rows::Fp4 {
-            q: &q[r.start * c / 2..r.end * c / 2],
-            scale: &scale[r.start * c / 32..r.end * c / 32],
-        },
-    };
-    RowsView {
-        rows,
-        nrows: r.len(),
-        cols: c,
-        fp8_bits: false,
-    }
-}
 
 /// x prepared for the kernels: [n, cp], zero padded. FP4: each group of `K::FP4_GROUP`
 /// columns stored in the tier's column order (`K::fp4_col`), matching its decoded chunks.
@@ -244,18 +140,9 @@ pub(super) fn task_split(rows: &Range<usize>, fp8: bool) -> Vec<Range<usize>> {
     tasks
 }
 
-pub(crate) fn matmul<K: Kernel>(
-    k: K,
-    m: &MatRef,
-    rows: Range<usize>,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-) {
-    let nr = rows.len();
-    if nr == 0 || n == 0 {
-        return;
-    }
+/// y [n, rows.len()] = x · W[rows]ᵀ (`p`) on kernel `k`, with f32 activations.
+pub(crate) fn matmul<K: Kernel>(k: K, p: Product, y: &mut [f32]) {
+    let Product { m, rows, x, n } = p;
     // Row stride of x and decoded weights: padded by 64 bytes so that rows of power-of-two
     // length do not all map to the same L1 sets in the prefill micro-kernel.
     let cp = m.cols.div_ceil(K::LANES) * K::LANES + 16;
@@ -281,7 +168,7 @@ pub(crate) fn matmul<K: Kernel>(
                     // the weights as their bits where the tier and this CPU take them and x times
                     // 2^112 stays finite; else through `Simd::fp8`
                     let (mut xs, mut bits) = (None, false);
-                    if k.fp8_bits() {
+                    if K::FP8_BITS && k.fp8_bits_on() {
                         let (x, finite) = scale_x(&xp, n, cp, m.cols, scale, true);
                         (xs, bits) = (finite.then_some(x), finite);
                     }
@@ -315,7 +202,7 @@ pub(crate) fn matmul<K: Kernel>(
             // on Zen 5: blocks of 16-64 tokens (x block in L2) lose more to the repeated
             // decoding than they gain; 128 and 256 tie; 512 loses.
             let nb = n.min(TOKEN_BLOCK);
-            let ps = generic::panel_stride(m.cols.div_ceil(K::LANES), K::LANES, K::GEMM_PANEL);
+            let ps = panel_stride(m.cols.div_ceil(K::LANES), K::LANES, K::GEMM_PANEL);
             let mut pbuf = scratch::zeroed(GROUP * ps);
             // the micro-kernel's accumulators, once per task (not once per row group)
             let mut accs = scratch::zeroed(GROUP * nb * K::LANES);
@@ -433,18 +320,8 @@ impl SharedOut {
 /// (`quant::quantize`), integer block dot products, f32 accumulation. Same task split, so
 /// the thread count never changes a result, and each token's result equals computing it
 /// alone (see `generic`).
-pub(crate) fn matmul_q8<K: Kernel>(
-    k: K,
-    m: &MatRef,
-    rows: Range<usize>,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-) {
-    let nr = rows.len();
-    if nr == 0 || n == 0 {
-        return;
-    }
+pub(crate) fn matmul_q8<K: Kernel>(k: K, p: Product, y: &mut [f32]) {
+    let Product { m, rows, x, n } = p;
     assert!(
         matches!(m.w, Weights::Fp4 { .. }),
         "the int8 path is only for FP4"

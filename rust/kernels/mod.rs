@@ -17,107 +17,62 @@
 //! Tier selection: the best tier the CPU supports, decided once.
 //! `V4FLASH_KERNELS=portable|neon|neon-dotprod|avx2|avx512` forces a tier; asking for one
 //! the CPU lacks (or an unknown name) prints a one-time warning on stderr and uses the best
-//! available tier instead. `tier_name()` reports the choice.
+//! available tier instead. `tier_name()` reports the choice (`tier`).
 //!
 //! Fast and official numerics multiply FP8/FP4 matrices with `vdpbf16ps` on AVX-512 CPUs
 //! that have avx512_bf16 (`V4FLASH_BF16=off` turns it off; see `x86::bf16` and `matmul_in`).
 //!
 //! FP8 bytes 0x7F / 0xFF (NaN in e4m3fn, never present in a valid checkpoint) decode to
 //! ±480 in every tier rather than NaN: the f16 route has no NaN encoding for them.
+//!
+//! Layout: this file is the entry points; each module below uses only modules further down
+//! the list (`ops` → `tier` → the tiers → `driver` → `generic` → `rows` → `matrix`):
+//! - `ops`: the forward pass's vector helpers (RMSNorm, the fixed-lane `dot`, softmax, rope);
+//! - `tier`: the tiers, the choice of one, `with_kernel!` (the only place that picks one);
+//! - `portable`, `x86`, `aarch64`: the tiers, each a `Simd` implementation (`x86` also has
+//!   the `vdpbf16ps` products, which use `driver`'s task split, and assembly loops);
+//! - `driver`: the tier-independent half of `matmul` (tasks, x, fused or panel path);
+//! - `generic`: the loops, written once over `Simd`, and the `Kernel` entry points;
+//! - `rows`: the rows of a matrix one kernel call takes; `matrix`: `MatRef`, `Weights`;
+//! - `quant`, `hadamard`: activation quantization and the Hadamard rotation (leaves).
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod driver;
 mod generic;
 pub(crate) mod hadamard;
+mod matrix;
 pub mod ops;
 mod portable;
 pub(crate) mod quant;
+mod rows;
+mod tier;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use matrix::{MatRef, Weights};
+pub use tier::{active_tier, Tier};
+
 use crate::tuning::Tuning;
-use driver::Kernel;
+use driver::Product;
+use generic::Kernel;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-
-/// A weight matrix [rows, cols] in one of the checkpoint's formats, borrowed.
-#[derive(Clone, Copy)]
-pub enum Weights<'a> {
-    /// [rows, cols] f32.
-    F32(&'a [f32]),
-    /// [rows, cols] little-endian bf16 (2 bytes per element, any alignment).
-    Bf16(&'a [u8]),
-    /// q: [rows, cols] e4m3; scale: [ceil(rows/128), ceil(cols/128)] ue8m0.
-    Fp8 { q: &'a [u8], scale: &'a [u8] },
-    /// q: [rows, cols/2] packed e2m1, low nibble = even column; scale: [rows, cols/32] ue8m0.
-    Fp4 { q: &'a [u8], scale: &'a [u8] },
-}
-
-#[derive(Clone, Copy)]
-pub struct MatRef<'a> {
-    pub rows: usize,
-    pub cols: usize,
-    pub w: Weights<'a>,
-}
-
-impl<'a> MatRef<'a> {
-    /// Checks the buffer lengths against the geometry (the loader validates shapes before,
-    /// so a failure here is a programming error reported as a message, never a panic).
-    pub fn new(rows: usize, cols: usize, w: Weights<'a>) -> Result<Self, String> {
-        let (need, got, what) = match w {
-            Weights::F32(d) => (rows * cols, d.len(), "f32 elements"),
-            Weights::Bf16(d) => (rows * cols * 2, d.len(), "bf16 bytes"),
-            Weights::Fp8 { q, scale } => {
-                let s = rows.div_ceil(128) * cols.div_ceil(128);
-                if scale.len() != s {
-                    return Err(format!("fp8 scale has {} bytes, expected {s}", scale.len()));
-                }
-                (rows * cols, q.len(), "fp8 bytes")
-            }
-            Weights::Fp4 { q, scale } => {
-                if !cols.is_multiple_of(32) {
-                    return Err(format!("fp4 matrix needs cols % 32 == 0, got {cols}"));
-                }
-                if scale.len() != rows * cols / 32 {
-                    return Err(format!(
-                        "fp4 scale has {} bytes, expected {}",
-                        scale.len(),
-                        rows * cols / 32
-                    ));
-                }
-                (rows * cols / 2, q.len(), "fp4 bytes")
-            }
-        };
-        if need != got {
-            return Err(format!(
-                "matrix [{rows}, {cols}] needs {need} {what}, got {got}"
-            ));
-        }
-        Ok(MatRef { rows, cols, w })
-    }
-
-    /// Bytes of weight data (and scales) a full pass over the matrix reads.
-    pub fn bytes(&self) -> usize {
-        match self.w {
-            Weights::F32(d) => d.len() * 4,
-            Weights::Bf16(d) => d.len(),
-            Weights::Fp8 { q, scale } | Weights::Fp4 { q, scale } => q.len() + scale.len(),
-        }
-    }
-}
+use std::sync::Mutex;
+#[cfg(target_arch = "x86_64")]
+use std::sync::OnceLock;
+use tier::with_kernel;
 
 /// y[n, rows.len()] = x[n, cols] · W[rows]ᵀ, parallel over rows in the current rayon pool.
 pub fn matmul(m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
-    check_args(m, &rows, x, n, y);
-    counted(m, &rows, n, || run(active_tier(), m, rows.clone(), x, n, y));
+    let p = check_args(m, rows, x, n, y);
+    counted(&p, || run(Path::F32(active_tier()), p.clone(), y));
 }
 
-/// Runs `f` (a product of `m`'s `rows` with n tokens), adding its flops to the process-wide
-/// kernel counters, and its wall time where no other product was running already: products
-/// that run side by side (an expert's w1 and w3) count their shared time once.
-fn counted(m: &MatRef, rows: &Range<usize>, n: usize, f: impl FnOnce()) {
+/// Runs `f` (the product `p`), adding its flops to the process-wide kernel counters, and its
+/// wall time where no other product was running already: products that run side by side (an
+/// expert's w1 and w3) count their shared time once.
+fn counted(p: &Product, f: impl FnOnce()) {
     /// Leaves the busy spell when dropped (also if `f` unwinds).
     struct Spell;
     impl Drop for Spell {
@@ -141,7 +96,8 @@ fn counted(m: &MatRef, rows: &Range<usize>, n: usize, f: impl FnOnce()) {
     let spell = Spell;
     f();
     drop(spell);
-    KERNEL_FLOPS.fetch_add(2 * (rows.len() * m.cols * n) as u64, Ordering::Relaxed);
+    let flops = 2 * p.rows.len() * p.m.cols * p.n;
+    KERNEL_FLOPS.fetch_add(flops as u64, Ordering::Relaxed);
 }
 
 /// How activations meet the weights.
@@ -230,7 +186,7 @@ pub fn matmul_in(
     if !quantized || numerics == Numerics::Exact {
         return matmul(m, rows, x, n, y);
     }
-    check_args(m, &rows, x, n, y);
+    let p = check_args(m, rows, x, n, y);
     let xq = match numerics {
         Numerics::Fp8Act | Numerics::Official => {
             let mut xq = x.to_vec();
@@ -239,23 +195,23 @@ pub fn matmul_in(
         }
         _ => None,
     };
-    let xs = xq.as_deref().unwrap_or(x);
+    let p = Product {
+        x: xq.as_deref().unwrap_or(x),
+        ..p
+    };
     #[cfg(target_arch = "x86_64")]
     if numerics != Numerics::Fp8Act {
         if let Some(b) = bf16_kernel() {
-            return counted(m, &rows, n, || {
-                x86::matmul_bf16(b, m, rows.clone(), xs, n, y)
-            });
+            return counted(&p, || run(Path::Bf16(b), p.clone(), y));
         }
     }
-    match (numerics, m.w) {
+    let path = match (numerics, m.w) {
         (Numerics::Fast, Weights::Fp4 { .. }) if fast_products() == FastProducts::Int8 => {
-            counted(m, &rows, n, || {
-                run_q8(active_tier(), m, rows.clone(), x, n, y)
-            })
+            Path::Q8(active_tier())
         }
-        _ => matmul(m, rows, xs, n, y),
-    }
+        _ => Path::F32(active_tier()),
+    };
+    counted(&p, || run(path, p.clone(), y))
 }
 
 /// How fast numerics multiplies FP8/FP4 matrices on this CPU (`fast_products`).
@@ -344,23 +300,56 @@ pub fn matmul_bf16(
     if !matches!(m.w, Weights::Fp8 { .. } | Weights::Fp4 { .. }) {
         return Err("the bf16 path is only for FP8 and FP4 matrices".into());
     }
-    check_args(m, &rows, x, n, y);
+    let p = check_args(m, rows, x, n, y);
     #[cfg(target_arch = "x86_64")]
     if let Some(b) = x86::Bf16::detect() {
-        x86::matmul_bf16(b, m, rows, x, n, y);
+        run(Path::Bf16(b), p, y);
         return Ok(());
     }
-    let _ = (rows, x, n, y);
+    let _ = p;
     Err("this CPU lacks avx512_bf16".into())
 }
 
-fn check_args(m: &MatRef, rows: &Range<usize>, x: &[f32], n: usize, y: &[f32]) {
+/// The arguments of a product, checked (a failure is a programming error of the caller).
+fn check_args<'a>(
+    m: &'a MatRef<'a>,
+    rows: Range<usize>,
+    x: &'a [f32],
+    n: usize,
+    y: &[f32],
+) -> Product<'a> {
     assert!(
         rows.end <= m.rows && rows.start <= rows.end,
         "row range out of bounds"
     );
     assert_eq!(x.len(), n * m.cols, "x must be [n, cols]");
     assert_eq!(y.len(), n * rows.len(), "y must be [n, rows]");
+    Product { m, rows, x, n }
+}
+
+/// The kernels a product runs on.
+#[derive(Clone, Copy)]
+enum Path {
+    /// a tier's f32 kernels
+    F32(Tier),
+    /// a tier's int8 kernels of fast numerics (FP4 only)
+    Q8(Tier),
+    /// the `vdpbf16ps` kernels (FP8 and FP4 only)
+    #[cfg(target_arch = "x86_64")]
+    Bf16(x86::Bf16),
+}
+
+/// y = the product `p` (checked by `check_args`) on `path`.
+fn run(path: Path, p: Product, y: &mut [f32]) {
+    if p.rows.is_empty() || p.n == 0 {
+        return;
+    }
+    match path {
+        Path::F32(t) => with_kernel!(t, k => driver::matmul(k, p, y)),
+        Path::Q8(t) => with_kernel!(t, k => driver::matmul_q8(k, p, y)),
+        #[cfg(target_arch = "x86_64")]
+        Path::Bf16(b) => x86::matmul_bf16(b, p, y),
+    }
 }
 
 /// The wall time during which at least one product ran (`counted`).
@@ -387,6 +376,15 @@ pub fn kernel_counters() -> (u64, u64) {
     (ns, KERNEL_FLOPS.load(Ordering::Relaxed))
 }
 
+/// Ok where the CPU runs `tier` (the `*_tier` entry points, for tests and benches).
+fn need(tier: Tier) -> Result<(), String> {
+    if tier.available() {
+        Ok(())
+    } else {
+        Err(format!("this CPU lacks the {} kernel tier", tier.name()))
+    }
+}
+
 /// `matmul` on a given tier regardless of the override (for tests and benches).
 /// Errors if the CPU lacks the tier.
 pub fn matmul_tier(
@@ -397,11 +395,8 @@ pub fn matmul_tier(
     n: usize,
     y: &mut [f32],
 ) -> Result<(), String> {
-    if !tier.available() {
-        return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
-    }
-    check_args(m, &rows, x, n, y);
-    run(tier, m, rows, x, n, y);
+    need(tier)?;
+    run(Path::F32(tier), check_args(m, rows, x, n, y), y);
     Ok(())
 }
 
@@ -415,65 +410,18 @@ pub fn matmul_q8_tier(
     n: usize,
     y: &mut [f32],
 ) -> Result<(), String> {
-    if !tier.available() {
-        return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
-    }
+    need(tier)?;
     if !matches!(m.w, Weights::Fp4 { .. }) {
         return Err("the int8 path is only for FP4 matrices".into());
     }
-    check_args(m, &rows, x, n, y);
-    run_q8(tier, m, rows, x, n, y);
+    run(Path::Q8(tier), check_args(m, rows, x, n, y), y);
     Ok(())
 }
 
-/// Binds `$k` to the kernel of `$tier` and evaluates `$body`: the only place that picks a
-/// tier's kernels; a tier type exists only once detected (the tier must be available).
-macro_rules! with_kernel {
-    ($tier:expr, $k:ident => $body:expr) => {{
-        match $tier {
-            #[cfg(target_arch = "x86_64")]
-            Tier::Avx512 => {
-                if let Some($k) = x86::Avx512::detect() {
-                    return $body;
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Tier::Avx2 => {
-                if let Some($k) = x86::Avx2::detect() {
-                    return $body;
-                }
-            }
-            #[cfg(target_arch = "aarch64")]
-            Tier::NeonDot => {
-                if let Some($k) = aarch64::NeonDot::detect() {
-                    return $body;
-                }
-            }
-            #[cfg(target_arch = "aarch64")]
-            Tier::Neon => {
-                if let Some($k) = aarch64::Neon::detect() {
-                    return $body;
-                }
-            }
-            // the portable tier, and (unreachable: callers check `available`) a tier of
-            // another architecture
-            _ => {}
-        }
-        let $k = portable::Portable;
-        $body
-    }};
-}
-
-fn run(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
-    with_kernel!(tier, k => driver::matmul(k, m, rows, x, n, y))
-}
-
-fn run_q8(tier: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
-    with_kernel!(tier, k => driver::matmul_q8(k, m, rows, x, n, y))
-}
-
-/// a · b on the active tier (one FMA chain over vector chunks, a fixed-tree lane sum, then
-/// the tail): the same value for the same vectors wherever it is computed.
+/// a · b on the active tier, in its FMA lanes (one FMA chain over vector chunks, a
+/// fixed-tree lane sum, then the tail): the same value for the same vectors wherever it is
+/// computed on one tier (`generic::dot`; `ops::dot` is the one with the same bits on every
+/// tier).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     with_kernel!(active_tier(), k => k.dot(a, b))
 }
@@ -497,11 +445,10 @@ pub fn attend_tier(
     sinks: &[f32],
     out: &mut [f32],
 ) -> Result<(), String> {
-    if !tier.available() {
-        return Err(format!("this CPU lacks the {} kernel tier", tier.name()));
-    }
+    need(tier)?;
     check_attend(q, sinks, out);
-    with_kernel!(tier, k => { k.attend(q, keys, scale, sinks, out); Ok(()) })
+    with_kernel!(tier, k => k.attend(q, keys, scale, sinks, out));
+    Ok(())
 }
 
 fn check_attend(q: &[f32], sinks: &[f32], out: &mut [f32]) {
@@ -515,111 +462,8 @@ fn check_attend(q: &[f32], sinks: &[f32], out: &mut [f32]) {
 /// (a value to keep the loop alive, f32 flops performed), or None if the CPU lacks the tier.
 /// The ratio flops / time is the tier's arithmetic peak on one thread.
 pub fn fma_probe(tier: Tier, iters: usize) -> Option<(f32, u64)> {
-    if !tier.available() {
-        return None;
-    }
-    with_kernel!(tier, k => Some(k.fma_probe(iters)))
-}
-
-/// A kernel tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tier {
-    Portable,
-    /// x86_64: avx2 + fma + f16c.
-    Avx2,
-    /// x86_64: avx512f/bw/vl + avx2 + fma + f16c.
-    Avx512,
-    /// aarch64: NEON (every aarch64 CPU).
-    Neon,
-    /// aarch64: NEON + dotprod (`sdot` for the int8 path).
-    NeonDot,
-}
-
-impl Tier {
-    /// All tiers of every architecture, best first within each.
-    pub const ALL: [Tier; 5] = [
-        Tier::Avx512,
-        Tier::Avx2,
-        Tier::NeonDot,
-        Tier::Neon,
-        Tier::Portable,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Portable => "portable",
-            Tier::Avx2 => "avx2",
-            Tier::Avx512 => "avx512",
-            Tier::Neon => "neon",
-            Tier::NeonDot => "neon-dotprod",
-        }
-    }
-
-    /// The names, for messages ("portable|neon|...|avx512").
-    pub fn names() -> String {
-        let mut v: Vec<&str> = Tier::ALL.iter().map(|t| t.name()).collect();
-        v.reverse();
-        v.join("|")
-    }
-
-    pub fn from_name(s: &str) -> Option<Tier> {
-        Tier::ALL.into_iter().find(|t| t.name() == s)
-    }
-
-    /// Whether this CPU can run the tier.
-    pub fn available(self) -> bool {
-        match self {
-            Tier::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Tier::Avx2 => x86::Avx2::detect().is_some(),
-            #[cfg(target_arch = "x86_64")]
-            Tier::Avx512 => x86::Avx512::detect().is_some(),
-            #[cfg(target_arch = "aarch64")]
-            Tier::Neon => aarch64::Neon::detect().is_some(),
-            #[cfg(target_arch = "aarch64")]
-            Tier::NeonDot => aarch64::NeonDot::detect().is_some(),
-            _ => false,
-        }
-    }
-
-    /// The best tier this CPU supports.
-    pub fn best() -> Tier {
-        Tier::ALL
-            .into_iter()
-            .find(|t| t.available())
-            .unwrap_or(Tier::Portable)
-    }
-}
-
-/// The tier `matmul` uses: `Tuning::kernels` (`V4FLASH_KERNELS`) if set and available, else
-/// the best one.
-pub fn active_tier() -> Tier {
-    static ACTIVE: OnceLock<Tier> = OnceLock::new();
-    *ACTIVE.get_or_init(|| {
-        let best = Tier::best();
-        match Tuning::process().kernels.as_deref() {
-            None => best,
-            Some(s) => match Tier::from_name(s) {
-                Some(t) if t.available() => t,
-                Some(t) => {
-                    eprintln!(
-                        "v4flash: V4FLASH_KERNELS={s}: this CPU lacks the {} tier, using {}",
-                        t.name(),
-                        best.name()
-                    );
-                    best
-                }
-                None => {
-                    eprintln!(
-                        "v4flash: V4FLASH_KERNELS={s} is not one of {}, using {}",
-                        Tier::names(),
-                        best.name()
-                    );
-                    best
-                }
-            },
-        }
-    })
+    need(tier).ok()?;
+    Some(with_kernel!(tier, k => k.fma_probe(iters)))
 }
 
 /// y[rows] = W x.

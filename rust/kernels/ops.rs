@@ -1,5 +1,10 @@
 //! Small vector helpers used by the forward pass.
 
+use super::generic::Kernel;
+use super::tier::{active_tier, with_kernel};
+
+pub use super::generic::softmax;
+
 /// Weighted RMSNorm in place: x = w * (x * rsqrt(mean(x²) + eps)).
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     let r = rms_factor(x, eps);
@@ -16,9 +21,9 @@ pub fn rms_norm_unweighted(x: &mut [f32], eps: f32) {
     }
 }
 
-/// rsqrt(mean(x²) + eps), sum in f32 with 16 fixed lanes.
+/// rsqrt(mean(x²) + eps), sum in f32 with 16 fixed lanes (`dot`).
 pub fn rms_factor(x: &[f32], eps: f32) -> f32 {
-    let ss = super::portable::dot(x, x);
+    let ss = dot(x, x);
     1.0 / (ss / x.len() as f32 + eps).sqrt()
 }
 
@@ -28,19 +33,6 @@ pub fn silu(x: f32) -> f32 {
 
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
-}
-
-/// Numerically stable softmax in place.
-pub fn softmax(x: &mut [f32]) {
-    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut s = 0f32;
-    for v in x.iter_mut() {
-        *v = (*v - m).exp();
-        s += *v;
-    }
-    for v in x.iter_mut() {
-        *v /= s;
-    }
 }
 
 /// Interleaved rope on the trailing `cos.len()*2` dims of `x`: pairs (2i, 2i+1).
@@ -57,6 +49,9 @@ pub fn rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32], sign: f32) {
     }
 }
 
+/// a · b (the shorter one rules) with the same bits on every CPU and kernel tier: 16 fixed
+/// lanes of separate multiplies and adds, reduced in a fixed tree (`generic::dot16`), run on
+/// the active tier's registers. The RMSNorms' and the hyper-connection mixes' dot product.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    super::portable::dot(a, b)
+    with_kernel!(active_tier(), k => k.dot16(a, b))
 }

@@ -5,11 +5,10 @@
 //!
 //! This tier is the scalar twin every tier (x86 and NEON) is tested against.
 
-use super::driver::RowsView;
 use super::generic::{simd_kernel, Simd};
 use crate::dtype::{bf16_to_f32, E2M1_LUT};
 
-pub(super) const L: usize = 16;
+const L: usize = 16;
 
 /// e4m3 / 256 exactly as the SIMD tiers decode it through f16, for every byte. The NaN
 /// codes 0x7F / 0xFF (absent from valid checkpoints) decode to ±480 / 256 like on SIMD.
@@ -36,15 +35,7 @@ const fn fp8_lut() -> [f32; 256] {
 #[derive(Clone, Copy)]
 pub(crate) struct Portable;
 
-simd_kernel!(
-    Portable,
-    rows_xt = [4, 2, 2, 2],
-    fp4_rows_x1 = 4,
-    gemm_rows = 1,
-    gemm_tokens = 3,
-    q8_rows = 1,
-    chains = 8
-);
+simd_kernel!(Portable);
 
 type V = [f32; L];
 
@@ -61,7 +52,6 @@ unsafe fn bytes<const N: usize>(p: *const u8) -> [u8; N] {
 impl Simd for Portable {
     type V = V;
     const LANES: usize = L;
-
     #[inline(always)]
     fn splat(self, x: f32) -> V {
         [x; L]
@@ -134,53 +124,13 @@ impl Simd for Portable {
         let hi: V = std::array::from_fn(|i| t[(b[i] >> 4) as usize]);
         [lo, hi, lo, hi]
     }
-}
 
-/// 16-lane dot product with a fixed reduction order (any lengths; the shorter one rules).
-/// The same bits on every CPU: each lane is a chain of separate multiplies and adds, so the
-/// x86 versions below (the lanes in vector registers, the same operations in the same
-/// order) only run it faster (it serves the RMSNorms and the hyper-connection mixes: a
-/// 196-token run on Zen 4 spent 1.6 % of its samples here as compiled for SSE2, 0.6 % with
-/// the AVX-512 version).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has avx512f, the feature `dot16_avx512` needs.
-            return unsafe { super::x86::dot16_avx512(a, b) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has avx2, the feature `dot16_avx2` needs.
-            return unsafe { super::x86::dot16_avx2(a, b) };
-        }
-    }
-    dot_lanes(a, b)
-}
+    // ---- register tiles of the loops ----
 
-/// The last len % 16 products into their lanes, then the fixed reduction tree.
-#[inline(always)]
-pub(super) fn dot_tail(mut acc: [f32; L], a: &[f32], b: &[f32]) -> f32 {
-    for (l, (x, y)) in a.iter().zip(b).enumerate() {
-        acc[l] += x * y;
-    }
-    hsum(acc)
-}
-
-#[inline(always)]
-pub(super) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
-    let len = a.len().min(b.len());
-    let (a, b) = (&a[..len], &b[..len]);
-    let mut acc = [0f32; L];
-    let ca = a.chunks_exact(L);
-    let cb = b.chunks_exact(L);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..L {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    dot_tail(acc, ra, rb)
+    const ROWS_XT: [usize; 4] = [4, 2, 2, 2];
+    const GEMM_TILE: (usize, usize) = (1, 3);
+    const Q8_ROWS: usize = 1;
+    const CHAINS: usize = 8;
 }
 
 #[inline(always)]

@@ -80,7 +80,12 @@ pub(crate) fn e4m3_round(v: f32) -> f32 {
 /// the block within ±448. As in DeepSeek's reference kernel (`inference/kernel.py`,
 /// `fast_round_scale`), the product is formed in f32 and its ceil(log2) read off the bits.
 pub(crate) fn fp8_act_scale(amax: f32) -> f32 {
-    let r = amax.max(1e-4) * (1.0 / E4M3_MAX);
+    pow2_ceil(amax.max(1e-4) * (1.0 / E4M3_MAX))
+}
+
+/// 2^ceil(log2(r)) for a positive normal r, read off its bits (the exponent, plus one where any
+/// mantissa bit is set), as DeepSeek's `fast_round_scale` does.
+fn pow2_ceil(r: f32) -> f32 {
     let bits = r.to_bits();
     let exp = ((bits >> 23) & 0xff) as i32 - 127;
     let e = if bits & 0x7f_ffff != 0 { exp + 1 } else { exp };
@@ -100,16 +105,24 @@ pub(crate) fn fp8_act_qdq(x: &mut [f32], cols: usize) {
 
 /// One block's FP8 round trip with its own UE8M0 scale (non-finite blocks become NaN).
 fn fp8_qdq_block(b: &mut [f32]) {
+    qdq_block(b, fp8_act_scale, e4m3_round)
+}
+
+/// One block's round trip: divided by its power-of-two scale `scale(amax)`, rounded by `round`
+/// and multiplied back. A block with a NaN or an infinity becomes NaN (it has no such form).
+#[inline]
+fn qdq_block(b: &mut [f32], scale: fn(f32) -> f32, round: fn(f32) -> f32) {
     let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     if !amax.is_finite() || b.iter().any(|v| v.is_nan()) {
         b.fill(f32::NAN);
         return;
     }
-    let s = fp8_act_scale(amax);
-    // s is a power of two in 2^-22..2^120, so 1 / s is exact and * (1 / s) equals / s
+    let s = scale(amax);
+    // s is a power of two in 2^-126..2^126 (FP8: 2^-22..2^120), so 1 / s is exact and
+    // * (1 / s) equals / s
     let inv = 1.0 / s;
     for v in b.iter_mut() {
-        *v = e4m3_round(*v * inv) * s;
+        *v = round(*v * inv) * s;
     }
 }
 
@@ -159,11 +172,7 @@ pub(crate) fn e2m1_round(v: f32) -> f32 {
 /// does (`inference/kernel.py`, `fast_round_scale`; 2026-04-24 release in
 /// Mockingjay1316/deepseek-v4-flash-spark).
 pub(crate) fn fp4_scale(amax: f32) -> f32 {
-    let r = amax.max(E2M1_MAX * f32::powi(2.0, -126)) * (1.0 / E2M1_MAX);
-    let bits = r.to_bits();
-    let exp = ((bits >> 23) & 0xff) as i32 - 127;
-    let e = if bits & 0x7f_ffff != 0 { exp + 1 } else { exp };
-    f32::powi(2.0, e)
+    pow2_ceil(amax.max(E2M1_MAX * f32::powi(2.0, -126)) * (1.0 / E2M1_MAX))
 }
 
 /// DeepSeek's FP4 round trip on x [n, cols], in place: each row's blocks of `FP4_BLOCK`
@@ -174,15 +183,7 @@ pub(crate) fn fp4_qdq(x: &mut [f32], cols: usize) {
     debug_assert!(cols > 0 && x.len() % cols == 0);
     for row in x.chunks_exact_mut(cols) {
         for b in row.chunks_mut(FP4_BLOCK) {
-            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-            if !amax.is_finite() || b.iter().any(|v| v.is_nan()) {
-                b.fill(f32::NAN);
-                continue;
-            }
-            let s = fp4_scale(amax);
-            for v in b.iter_mut() {
-                *v = e2m1_round(*v / s) * s;
-            }
+            qdq_block(b, fp4_scale, e2m1_round);
         }
     }
 }
@@ -263,6 +264,61 @@ mod tests {
         nearest_by_search(v, 448.0, &e4m3_values())
     }
 
+    /// `round` (named `name`) gives `nearest`'s bits at every probe.
+    fn assert_rounds_to_nearest(
+        round: fn(f32) -> f32,
+        nearest: fn(f32) -> f32,
+        probes: Vec<f32>,
+        name: &str,
+    ) {
+        for v in probes {
+            let (got, want) = (round(v), nearest(v));
+            assert!(
+                got.to_bits() == want.to_bits(),
+                "{name}({v:e}) = {got:e}, nearest is {want:e}"
+            );
+        }
+        assert!(round(f32::NAN).is_nan());
+    }
+
+    /// `qdq` (of rows of `2 block` columns) keeps a zero block zero, and turns a block with an
+    /// infinity (`bad` at `at`, in the second block) into NaN without touching the first.
+    fn assert_zero_and_non_finite_blocks(
+        qdq: fn(&mut [f32], usize),
+        block: usize,
+        (at, bad): (usize, f32),
+    ) {
+        let mut z = vec![0f32; block];
+        qdq(&mut z, block);
+        assert!(z.iter().all(|&v| v == 0.0));
+        let mut w = vec![1f32; 2 * block];
+        w[at] = bad;
+        qdq(&mut w, 2 * block);
+        assert!(w[..block].iter().all(|&v| v == 1.0));
+        assert!(w[block..].iter().all(|v| v.is_nan()));
+    }
+
+    /// y is x [2, cols] after a round trip whose blocks are `blocks` (column ranges of a row):
+    /// every value is the nearest (`nearest`) of x / s, times s, s = `scale` of its block's
+    /// largest magnitude.
+    fn assert_blocks_round_trip(
+        (x, y, cols): (&[f32], &[f32], usize),
+        blocks: &[(usize, usize)],
+        scale: fn(f32) -> f32,
+        nearest: fn(f32) -> f32,
+    ) {
+        for r in 0..2 {
+            for &(b0, b1) in blocks {
+                let blk = &x[r * cols + b0..r * cols + b1];
+                let s = scale(blk.iter().fold(0f32, |m, v| m.max(v.abs())));
+                for c in b0..b1 {
+                    let v = x[r * cols + c];
+                    assert_eq!(y[r * cols + c], nearest(v / s) * s, "row {r} col {c}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn e4m3_round_matches_a_search_over_every_value_and_every_tie() {
         let vals = e4m3_values();
@@ -276,15 +332,7 @@ mod tests {
                 }
             }
         }
-        for v in probes {
-            let got = e4m3_round(v);
-            let want = e4m3_nearest(v);
-            assert!(
-                got.to_bits() == want.to_bits(),
-                "e4m3_round({v:e}) = {got:e}, nearest is {want:e}"
-            );
-        }
-        assert!(e4m3_round(f32::NAN).is_nan());
+        assert_rounds_to_nearest(e4m3_round, e4m3_nearest, probes, "e4m3_round");
     }
 
     #[test]
@@ -310,24 +358,9 @@ mod tests {
             .collect();
         let mut y = x.clone();
         fp8_act_qdq(&mut y, cols);
-        for r in 0..2 {
-            for (b0, b1) in [(0, 128), (128, 256), (256, 300)] {
-                let blk = &x[r * cols + b0..r * cols + b1];
-                let s = fp8_act_scale(blk.iter().fold(0f32, |m, v| m.max(v.abs())));
-                for c in b0..b1 {
-                    let v = x[r * cols + c];
-                    assert_eq!(y[r * cols + c], e4m3_nearest(v / s) * s, "row {r} col {c}");
-                }
-            }
-        }
-        let mut z = vec![0f32; 128];
-        fp8_act_qdq(&mut z, 128);
-        assert!(z.iter().all(|&v| v == 0.0));
-        let mut w = vec![1f32; 256];
-        w[200] = f32::INFINITY;
-        fp8_act_qdq(&mut w, 256);
-        assert!(w[..128].iter().all(|&v| v == 1.0));
-        assert!(w[128..].iter().all(|v| v.is_nan()));
+        let blocks = [(0, 128), (128, 256), (256, 300)];
+        assert_blocks_round_trip((&x, &y, cols), &blocks, fp8_act_scale, e4m3_nearest);
+        assert_zero_and_non_finite_blocks(fp8_act_qdq, 128, (200, f32::INFINITY));
     }
     /// Every E2M1 value with its code, from the checkpoint decoder (an independent definition).
     fn e2m1_values() -> Vec<(f32, u8)> {
@@ -349,14 +382,7 @@ mod tests {
             let m = (w[0] + w[1]) / 2.0;
             probes.extend([w[0], w[1], m, m.next_up(), m.next_down()]);
         }
-        for v in probes {
-            let got = e2m1_round(v);
-            let want = e2m1_nearest(v);
-            assert!(
-                got.to_bits() == want.to_bits(),
-                "e2m1_round({v:e}) = {got:e}, nearest is {want:e}"
-            );
-        }
+        assert_rounds_to_nearest(e2m1_round, e2m1_nearest, probes, "e2m1_round");
         // the ties explicitly: each goes to the value with the even code
         for (v, want) in [
             (0.25, 0.0),
@@ -370,7 +396,6 @@ mod tests {
             assert_eq!(e2m1_round(v), want, "tie {v}");
             assert_eq!(e2m1_round(-v), -want, "tie -{v}");
         }
-        assert!(e2m1_round(f32::NAN).is_nan());
     }
 
     #[test]
@@ -397,28 +422,13 @@ mod tests {
             .collect();
         let mut y = x.clone();
         fp4_qdq(&mut y, cols);
-        for r in 0..2 {
-            for (b0, b1) in [(0, 32), (32, 64), (64, 80)] {
-                let blk = &x[r * cols + b0..r * cols + b1];
-                let s = fp4_scale(blk.iter().fold(0f32, |m, v| m.max(v.abs())));
-                for c in b0..b1 {
-                    let v = x[r * cols + c];
-                    assert_eq!(y[r * cols + c], e2m1_nearest(v / s) * s, "row {r} col {c}");
-                }
-            }
-        }
+        let blocks = [(0, 32), (32, 64), (64, 80)];
+        assert_blocks_round_trip((&x, &y, cols), &blocks, fp4_scale, e2m1_nearest);
         // the block's largest magnitude lands in (3, 6]: the scale uses the whole FP4 range
         let amax = y[..32].iter().fold(0f32, |m, v| m.max(v.abs()));
         let s = fp4_scale(x[..32].iter().fold(0f32, |m, v| m.max(v.abs())));
         assert!(amax / s > 3.0 && amax / s <= 6.0);
-        let mut z = vec![0f32; 64];
-        fp4_qdq(&mut z, 64);
-        assert!(z.iter().all(|&v| v == 0.0));
-        let mut w = vec![1f32; 64];
-        w[40] = f32::NEG_INFINITY;
-        fp4_qdq(&mut w, 64);
-        assert!(w[..32].iter().all(|&v| v == 1.0));
-        assert!(w[32..].iter().all(|v| v.is_nan()));
+        assert_zero_and_non_finite_blocks(fp4_qdq, 32, (40, f32::NEG_INFINITY));
     }
 
     #[test]

@@ -108,17 +108,12 @@ impl Mat {
     }
 
     pub(super) fn mat_ref(&self) -> MatRef<'_> {
+        let (q, scale) = (&self.q[..], &self.s[..]);
         let w = match self.kind {
             Kind::F32 => Weights::F32(&self.f),
-            Kind::Bf16 => Weights::Bf16(&self.q),
-            Kind::Fp8 => Weights::Fp8 {
-                q: &self.q,
-                scale: &self.s,
-            },
-            Kind::Fp4 => Weights::Fp4 {
-                q: &self.q,
-                scale: &self.s,
-            },
+            Kind::Bf16 => Weights::Bf16(q),
+            Kind::Fp8 => Weights::Fp8 { q, scale },
+            Kind::Fp4 => Weights::Fp4 { q, scale },
         };
         MatRef::new(self.rows, self.cols, w).unwrap()
     }
@@ -170,6 +165,52 @@ pub(super) fn run_tier(t: Tier, m: &MatRef, rows: Range<usize>, x: &[f32], n: us
     let mut y = vec![f32::NAN; n * rows.len()];
     matmul_tier(t, m, rows, x, n, &mut y).unwrap();
     y
+}
+
+/// `run()` in pools of each of `threads` threads gives `want`, bit for bit (`what`: the case).
+pub(super) fn assert_threads_agree(
+    want: &[f32],
+    threads: &[usize],
+    run: impl Fn() -> Vec<f32> + Send + Sync,
+    what: &str,
+) {
+    for &t in threads {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap();
+        let got = pool.install(&run);
+        let same = got
+            .iter()
+            .zip(want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: {t} threads differ");
+    }
+}
+
+/// For each row range, `run(rows, x, n)` gives every token, bit for bit, what `run` gives that
+/// token alone and what `full` (`run` over all `rows` rows of `cols` columns) holds for it.
+pub(super) fn assert_tokens_and_ranges_agree(
+    run: impl Fn(Range<usize>, &[f32], usize) -> Vec<f32>,
+    (full, rows, cols): (&[f32], usize, usize),
+    ranges: &[Range<usize>],
+    (x, n): (&[f32], usize),
+    what: &str,
+) {
+    for rg in ranges {
+        let nr = rg.len();
+        let y = run(rg.clone(), x, n);
+        for t in 0..n {
+            let y1 = run(rg.clone(), &x[t * cols..(t + 1) * cols], 1);
+            for i in 0..nr {
+                let (a, b, c) = (y[t * nr + i], y1[i], full[t * rows + rg.start + i]);
+                assert!(
+                    a.to_bits() == b.to_bits() && a.to_bits() == c.to_bits(),
+                    "{what} rows {rg:?} token {t} row {i}: {a} / {b} / {c}"
+                );
+            }
+        }
+    }
 }
 
 fn shapes(kind: Kind) -> Vec<(usize, usize)> {
@@ -256,21 +297,9 @@ fn kernels_thread_count_bit_identical() {
             for n in [1, 5] {
                 let xb = make_x(n, cols, 9);
                 let x = &xb[1..];
-                let mut outs = Vec::new();
-                for threads in [1, 2, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    outs.push(pool.install(|| run_tier(tier, &mr, 3..rows, x, n)));
-                }
-                for o in &outs[1..] {
-                    let same = o
-                        .iter()
-                        .zip(&outs[0])
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{} {kind:?} n {n}: thread counts differ", tier.name());
-                }
+                let run = || run_tier(tier, &mr, 3..rows, x, n);
+                let what = format!("{} {kind:?} n {n}", tier.name());
+                assert_threads_agree(&run(), &[1, 2, 3], run, &what);
             }
         }
     }
@@ -297,21 +326,13 @@ fn kernels_n_tokens_and_row_ranges_bit_identical_to_single() {
                 let xb = make_x(n, cols, n as u64);
                 let x = &xb[1..];
                 let full = run_tier(tier, &mr, 0..rows, x, n);
-                for rg in [0..rows, 3..rows, rows / 2..rows / 2 + 2, rows - 6..rows] {
-                    let nr = rg.len();
-                    let y = run_tier(tier, &mr, rg.clone(), x, n);
-                    for t in 0..n {
-                        let y1 = run_tier(tier, &mr, rg.clone(), &x[t * cols..(t + 1) * cols], 1);
-                        for i in 0..nr {
-                            let (a, b, c) = (y[t * nr + i], y1[i], full[t * rows + rg.start + i]);
-                            assert!(
-                                a.to_bits() == b.to_bits() && a.to_bits() == c.to_bits(),
-                                "{} {kind:?} n {n} rows {rg:?} token {t} row {i}: {a} / {b} / {c}",
-                                tier.name()
-                            );
-                        }
-                    }
-                }
+                assert_tokens_and_ranges_agree(
+                    |rg, x, n| run_tier(tier, &mr, rg, x, n),
+                    (&full, rows, cols),
+                    &[0..rows, 3..rows, rows / 2..rows / 2 + 2, rows - 6..rows],
+                    (x, n),
+                    &format!("{} {kind:?} n {n}", tier.name()),
+                );
             }
         }
     }
@@ -335,15 +356,8 @@ fn unit_responses(tier: Tier, m: &MatRef) -> (Vec<f32>, Vec<f32>) {
 fn kernels_fp8_all_256_codes_exact() {
     let q: Vec<u8> = (0..=255).collect();
     let scale = [127u8, 127];
-    let m = MatRef::new(
-        1,
-        256,
-        Weights::Fp8 {
-            q: &q,
-            scale: &scale,
-        },
-    )
-    .unwrap();
+    let (q, scale) = (&q[..], &scale[..]);
+    let m = MatRef::new(1, 256, Weights::Fp8 { q, scale }).unwrap();
     for tier in tiers() {
         let (one, many) = unit_responses(tier, &m);
         for b in 0..256usize {
@@ -367,15 +381,8 @@ fn kernels_fp4_all_16_codes_exact() {
     // byte k holds nibble k (even column 2k) and nibble 15 - k (odd column 2k + 1)
     let q: Vec<u8> = (0..16u8).map(|k| k | ((15 - k) << 4)).collect();
     let scale = [127u8];
-    let m = MatRef::new(
-        1,
-        32,
-        Weights::Fp4 {
-            q: &q,
-            scale: &scale,
-        },
-    )
-    .unwrap();
+    let (q, scale) = (&q[..], &scale[..]);
+    let m = MatRef::new(1, 32, Weights::Fp4 { q, scale }).unwrap();
     for tier in tiers() {
         let (one, many) = unit_responses(tier, &m);
         for c in 0..32 {
@@ -398,15 +405,8 @@ fn kernels_fp4_every_code_at_every_scale_exact() {
         .flat_map(|_| (0..16u8).map(|k| k | ((15 - k) << 4)))
         .collect();
     let scale: Vec<u8> = (0..rows as u8).collect();
-    let m = MatRef::new(
-        rows,
-        32,
-        Weights::Fp4 {
-            q: &q,
-            scale: &scale,
-        },
-    )
-    .unwrap();
+    let (q, scale) = (&q[..], &scale[..]);
+    let m = MatRef::new(rows, 32, Weights::Fp4 { q, scale }).unwrap();
     let mut eye = vec![0f32; 32 * 32];
     for c in 0..32 {
         eye[c * 32 + c] = 1.0;
@@ -460,15 +460,8 @@ fn kernels_fp8_huge_x_stays_finite_and_exact() {
     // row r: 1.0 (0x38) everywhere, times 2^r through its bytes' exponent (0x38 + 8r)
     let q: Vec<u8> = (0..rows).flat_map(|r| [0x38 + 8 * r as u8; 256]).collect();
     let scale = [127u8, 127];
-    let m = MatRef::new(
-        rows,
-        cols,
-        Weights::Fp8 {
-            q: &q,
-            scale: &scale,
-        },
-    )
-    .unwrap();
+    let (q, scale) = (&q[..], &scale[..]);
+    let m = MatRef::new(rows, cols, Weights::Fp8 { q, scale }).unwrap();
     let big = 2f32.powi(100);
     let mut x = vec![0f32; cols];
     x[5] = big;
@@ -551,24 +544,12 @@ fn kernels_tier_selection() {
 #[test]
 fn kernels_matref_rejects_bad_lengths() {
     assert!(MatRef::new(2, 3, Weights::F32(&[0.0; 5])).is_err());
-    assert!(MatRef::new(
-        2,
-        30,
-        Weights::Fp4 {
-            q: &[0; 30],
-            scale: &[0; 2]
-        }
-    )
-    .is_err());
-    assert!(MatRef::new(
-        129,
-        1,
-        Weights::Fp8 {
-            q: &[0; 129],
-            scale: &[0; 1]
-        }
-    )
-    .is_err());
+    // cols not a multiple of 32
+    let (q, scale) = (&[0u8; 30][..], &[0u8; 2][..]);
+    assert!(MatRef::new(2, 30, Weights::Fp4 { q, scale }).is_err());
+    // 129 rows need two rows of block scales
+    let (q, scale) = (&[0u8; 129][..], &[0u8; 1][..]);
+    assert!(MatRef::new(129, 1, Weights::Fp8 { q, scale }).is_err());
 }
 
 /// FNV-1a over the output bits of every tier for every format, one-token and prefill paths,
@@ -738,9 +719,9 @@ fn kernels_attend_single_key_is_exact_and_key_order_only_rounds() {
     }
 }
 
-/// `portable::dot` (the RMSNorms' and hyper-connections' dot product) gives the bits of its
-/// definition, 16 lanes of separate multiplies and adds reduced in a fixed tree, on every
-/// build the CPU picks (AVX-512, AVX2 or baseline), at every length and remainder.
+/// `ops::dot` (the RMSNorms' and hyper-connections' dot product, `generic::dot16`) gives the
+/// bits of its definition, 16 lanes of separate multiplies and adds reduced in a fixed tree,
+/// on every tier this CPU runs and on the active one, at every length and remainder.
 #[test]
 fn kernels_portable_dot_is_its_16_lane_definition() {
     fn reference(a: &[f32], b: &[f32]) -> f32 {
@@ -768,25 +749,10 @@ fn kernels_portable_dot_is_its_16_lane_definition() {
         let a: Vec<f32> = (0..len).map(|_| next()).collect();
         let b: Vec<f32> = (0..len + 3).map(|_| next()).collect();
         let want = reference(&a, &b[..len]).to_bits();
-        let got = super::portable::dot(&a, &b);
-        assert_eq!(got.to_bits(), want, "len {len}");
-        assert_eq!(
-            super::portable::dot_lanes(&a, &b).to_bits(),
-            want,
-            "len {len}"
-        );
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has avx2.
-                let got = unsafe { super::x86::dot16_avx2(&a, &b) };
-                assert_eq!(got.to_bits(), want, "avx2 len {len}");
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has avx512f.
-                let got = unsafe { super::x86::dot16_avx512(&a, &b) };
-                assert_eq!(got.to_bits(), want, "avx512 len {len}");
-            }
+        assert_eq!(ops::dot(&a, &b).to_bits(), want, "len {len}");
+        for tier in tiers() {
+            let got = tier::with_kernel!(tier, k => generic::Kernel::dot16(k, &a, &b));
+            assert_eq!(got.to_bits(), want, "{} len {len}", tier.name());
         }
     }
 }

@@ -5,7 +5,7 @@
 //! refuses and both modes keep their other kernels.
 
 use super::quant::fp8_act_qdq;
-use super::tests::{make_x, Kind, Mat};
+use super::tests::{assert_threads_agree, assert_tokens_and_ranges_agree, make_x, Kind, Mat};
 use super::*;
 use crate::dtype::{e4m3_to_f32, e8m0_to_f32, E2M1_LUT};
 
@@ -97,6 +97,23 @@ fn has_bf16() -> bool {
     }
 }
 
+/// `f(kind, m)` for every case (kind, rows, cols), m = `Mat::new(kind, rows, cols, seed)`;
+/// where this CPU lacks avx512_bf16, the line `skip` instead.
+fn for_each_case(
+    skip: &str,
+    cases: &[(Kind, usize, usize)],
+    seed: u64,
+    mut f: impl FnMut(Kind, &Mat),
+) {
+    if !has_bf16() {
+        println!("{skip}");
+        return;
+    }
+    for &(kind, rows, cols) in cases {
+        f(kind, &Mat::new(kind, rows, cols, seed));
+    }
+}
+
 /// FP8 shapes with partial chunks and several row blocks; FP4 with cols % 32 == 0.
 const SHAPES: [(Kind, usize, usize); 8] = [
     (Kind::Fp8, 1, 32),
@@ -111,13 +128,9 @@ const SHAPES: [(Kind, usize, usize); 8] = [
 
 #[test]
 fn bf16_matches_the_instruction_twin_bit_for_bit() {
-    if !has_bf16() {
-        println!("SKIP bf16 twin: this CPU lacks avx512_bf16 (checked by the dispatch test)");
-        return;
-    }
-    for (kind, rows, cols) in SHAPES {
-        let m = Mat::new(kind, rows, cols, 7);
-        let mr = m.mat_ref();
+    let skip = "SKIP bf16 twin: this CPU lacks avx512_bf16 (checked by the dispatch test)";
+    for_each_case(skip, &SHAPES, 7, |kind, m| {
+        let (mr, rows, cols) = (m.mat_ref(), m.rows, m.cols);
         // 1 to 16 tokens take the fused path (in passes above 8), more `gemm` with each
         // remainder tile (19 to 23 tokens), in token blocks of 128 (one whole block, a
         // block and one token, two blocks and a remainder tile)
@@ -125,7 +138,7 @@ fn bf16_matches_the_instruction_twin_bit_for_bit() {
             let xb = make_x(n, cols, 3 + n as u64);
             let x = &xb[1..];
             let y = run_bf16(&mr, 0..rows, x, n).unwrap();
-            let want = twin(&m, 0..rows, x, n, kind == Kind::Fp8);
+            let want = twin(m, 0..rows, x, n, kind == Kind::Fp8);
             for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                 assert!(
                     a.to_bits() == b.to_bits(),
@@ -133,18 +146,14 @@ fn bf16_matches_the_instruction_twin_bit_for_bit() {
                 );
             }
         }
-    }
+    });
 }
 
 #[test]
 fn bf16_on_rounded_activations_stays_within_the_f32_budget() {
-    if !has_bf16() {
-        println!("SKIP bf16 budget: this CPU lacks avx512_bf16 (checked by the dispatch test)");
-        return;
-    }
-    for (kind, rows, cols) in SHAPES {
-        let m = Mat::new(kind, rows, cols, 11);
-        let mr = m.mat_ref();
+    let skip = "SKIP bf16 budget: this CPU lacks avx512_bf16 (checked by the dispatch test)";
+    for_each_case(skip, &SHAPES, 11, |kind, m| {
+        let (mr, rows, cols) = (m.mat_ref(), m.rows, m.cols);
         let n = 5;
         let xb = make_x(n, cols, 5);
         let mut xq = xb[1..].to_vec();
@@ -176,52 +185,31 @@ fn bf16_on_rounded_activations_stays_within_the_f32_budget() {
                 );
             }
         }
-    }
+    });
 }
 
 #[test]
 fn bf16_is_bit_identical_across_threads_tokens_and_row_ranges() {
-    if !has_bf16() {
-        println!("SKIP bf16 determinism: this CPU lacks avx512_bf16");
-        return;
-    }
-    for (kind, rows, cols) in [(Kind::Fp8, 261, 200), (Kind::Fp4, 19, 1056)] {
-        let m = Mat::new(kind, rows, cols, 13);
-        let mr = m.mat_ref();
+    let skip = "SKIP bf16 determinism: this CPU lacks avx512_bf16";
+    let cases = [(Kind::Fp8, 261, 200), (Kind::Fp4, 19, 1056)];
+    for_each_case(skip, &cases, 13, |kind, m| {
+        let (mr, rows, cols) = (m.mat_ref(), m.rows, m.cols);
         for n in [2, 7, 40, 140] {
             let xb = make_x(n, cols, 40 + n as u64);
             let x = &xb[1..];
-            let full = run_bf16(&mr, 0..rows, x, n).unwrap();
-            for threads in [1, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let again = pool.install(|| run_bf16(&mr, 0..rows, x, n).unwrap());
-                assert!(
-                    again
-                        .iter()
-                        .zip(&full)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{kind:?} n {n}: {threads} threads differ"
-                );
-            }
-            for rg in [3..rows, rows / 2..rows / 2 + 2, rows - 6..rows] {
-                let nr = rg.len();
-                let y = run_bf16(&mr, rg.clone(), x, n).unwrap();
-                for t in 0..n {
-                    let y1 = run_bf16(&mr, rg.clone(), &x[t * cols..(t + 1) * cols], 1).unwrap();
-                    for i in 0..nr {
-                        let (a, b, c) = (y[t * nr + i], y1[i], full[t * rows + rg.start + i]);
-                        assert!(
-                            a.to_bits() == b.to_bits() && a.to_bits() == c.to_bits(),
-                            "{kind:?} n {n} rows {rg:?} token {t} row {i}: {a} / {b} / {c}"
-                        );
-                    }
-                }
-            }
+            let run = |rg: Range<usize>, x: &[f32], n| run_bf16(&mr, rg, x, n).unwrap();
+            let full = run(0..rows, x, n);
+            let what = format!("{kind:?} n {n}");
+            assert_threads_agree(&full, &[1, 3], || run(0..rows, x, n), &what);
+            assert_tokens_and_ranges_agree(
+                run,
+                (&full, rows, cols),
+                &[3..rows, rows / 2..rows / 2 + 2, rows - 6..rows],
+                (x, n),
+                &what,
+            );
         }
-    }
+    });
 }
 
 /// What `bf16_products()` must be here: the AVX-512 tier on a CPU with avx512_bf16 that runs

@@ -2,7 +2,9 @@
 //! model of the same quantization, the determinism contract, the exact integer products
 //! at the extremes, and the bound on how far it may move a result from exact mode.
 
-use super::tests::{make_x, run_tier, tiers, Kind, Mat, Rng};
+use super::tests::{
+    assert_threads_agree, assert_tokens_and_ranges_agree, make_x, run_tier, tiers, Kind, Mat, Rng,
+};
 use super::*;
 use crate::dtype::{e8m0_to_f32, E2M1_LUT};
 
@@ -187,36 +189,15 @@ fn fast_is_bit_identical_across_threads_tokens_and_row_ranges() {
                 let xb = make_x(n, cols, 40 + n as u64);
                 let x = &xb[1..];
                 let full = run_q8(tier, &mr, 0..rows, x, n);
-                for threads in [1, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    let again = pool.install(|| run_q8(tier, &mr, 0..rows, x, n));
-                    assert!(
-                        again
-                            .iter()
-                            .zip(&full)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{} n {n}: {threads} threads differ",
-                        tier.name()
-                    );
-                }
-                for rg in [3..rows, rows / 2..rows / 2 + 2, rows - 6..rows] {
-                    let nr = rg.len();
-                    let y = run_q8(tier, &mr, rg.clone(), x, n);
-                    for t in 0..n {
-                        let y1 = run_q8(tier, &mr, rg.clone(), &x[t * cols..(t + 1) * cols], 1);
-                        for i in 0..nr {
-                            let (a, b, c) = (y[t * nr + i], y1[i], full[t * rows + rg.start + i]);
-                            assert!(
-                                a.to_bits() == b.to_bits() && a.to_bits() == c.to_bits(),
-                                "{} n {n} rows {rg:?} token {t} row {i}: {a} / {b} / {c}",
-                                tier.name()
-                            );
-                        }
-                    }
-                }
+                let what = format!("{} n {n}", tier.name());
+                assert_threads_agree(&full, &[1, 3], || run_q8(tier, &mr, 0..rows, x, n), &what);
+                assert_tokens_and_ranges_agree(
+                    |rg, x, n| run_q8(tier, &mr, rg, x, n),
+                    (&full, rows, cols),
+                    &[3..rows, rows / 2..rows / 2 + 2, rows - 6..rows],
+                    (x, n),
+                    &what,
+                );
             }
         }
     }

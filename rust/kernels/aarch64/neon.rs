@@ -24,7 +24,6 @@
 //! accumulator registers of 32, plus 4 for x and 2 for the weights); the int8 one: 2 rows x
 //! 3 tokens.
 
-use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
 use super::int8::{BlockDot, Plain, Sdot};
 use crate::kernels::quant::I8_OF_E2M1;
@@ -52,27 +51,8 @@ impl NeonDot {
     }
 }
 
-simd_kernel!(
-    Neon,
-    features = "neon",
-    rows_xt = [4, 2, 1, 1],
-    fp4_rows_x1 = 4,
-    gemm_rows = 4,
-    gemm_tokens = 2,
-    q8_rows = 2,
-    chains = 8
-);
-
-simd_kernel!(
-    NeonDot,
-    features = "neon,dotprod",
-    rows_xt = [4, 2, 1, 1],
-    fp4_rows_x1 = 4,
-    gemm_rows = 4,
-    gemm_tokens = 2,
-    q8_rows = 2,
-    chains = 8
-);
+simd_kernel!(Neon, lanes16_neon, "neon");
+simd_kernel!(NeonDot, lanes16_neon_dot, "neon,dotprod");
 
 type V = float32x4x2_t;
 
@@ -163,7 +143,6 @@ unsafe fn load_i8x32(p: *const i8) -> (int8x16_t, int8x16_t) {
 impl<D: BlockDot> Simd for NeonTier<D> {
     type V = V;
     const LANES: usize = 8;
-
     #[inline(always)]
     fn splat(self, x: f32) -> V {
         // SAFETY: see the impl.
@@ -290,4 +269,14 @@ impl<D: BlockDot> Simd for NeonTier<D> {
         // SAFETY: see the impl.
         unsafe { float32x4x2_t(vcvtq_f32_s32(a), vcvtq_f32_s32(b)) }
     }
+
+    // ---- register tiles of the loops ----
+
+    /// Four rows share each x load in the one-token path.
+    const ROWS_XT: [usize; 4] = [4, 2, 1, 1];
+    /// 4 rows x 2 tokens: 16 accumulator registers of 32, plus 4 for x and 2 for the weights.
+    const GEMM_TILE: (usize, usize) = (4, 2);
+    /// 2 rows (x 3 tokens).
+    const Q8_ROWS: usize = 2;
+    const CHAINS: usize = 8;
 }

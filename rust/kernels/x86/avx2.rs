@@ -14,52 +14,28 @@
 //! The FP4 passes of 1 to 4 tokens and the one-token FP8 pass run as assembly loops
 //! (`fp4_loops`, `fp8_loops`; `fp4_loop` and `fp8_bits_loop` below).
 
-use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Fp4Loop, Fp8Loop, Simd};
-use super::int8;
-use super::Prefetch;
+use super::cpu::{rules_methods, Prefetch, Rules};
+use super::int8::int8_methods;
+use super::lanes::lane_methods;
 use crate::dtype::{e8m0_to_f32, E2M1_LUT};
 use std::arch::x86_64::*;
 
-/// Proof that the CPU has this tier's features (and the rules it follows on this CPU); only
+/// Proof that the CPU has this tier's features, with the rules it follows on this CPU; only
 /// `detect` creates one.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx2 {
-    /// where the one-token read-ahead goes
-    pf: Prefetch,
-    /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
-    fp8_bits: bool,
-    /// whether `gemm` prefetches the next token tile's x (`super::gemm_x_ahead`)
-    x_ahead: bool,
-}
+pub(crate) struct Avx2(Rules);
 
 impl Avx2 {
     pub(crate) fn detect() -> Option<Self> {
         let ok = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then(|| Avx2 {
-            pf: Prefetch::avx2(),
-            fp8_bits: super::fp8_bits(),
-            x_ahead: super::gemm_x_ahead(),
-        })
+        ok.then(|| Avx2(Rules::new(Prefetch::avx2())))
     }
 }
 
-// rows_xt: 3 rows for 2-token passes (2 before session 40), measured on Zen 4 (`kernels_ab
-// prefill`, one thread, share of the FMA peak, 2 tokens): FP4 2048 x 4096 46-47 -> 52-53 %
-// (with `FP4_X_BY_CHUNK`), FP8 4096 x 4096 39-41 -> 49-50 %, BF16 27-29 -> 36-38 %. 3 rows
-// for 3 or 4 tokens lost (FP4 64 -> 38 %, 58 -> 47 %): 16 registers.
-simd_kernel!(
-    Avx2,
-    features = "avx2,fma,f16c",
-    rows_xt = [8, 3, 2, 2],
-    fp4_rows_x1 = 4,
-    gemm_rows = 4,
-    gemm_tokens = 3,
-    q8_rows = 4,
-    chains = 12
-);
+simd_kernel!(Avx2, "avx2,fma,f16c");
 
 // In every method below, SAFETY: `self` exists, so `detect` found avx2, fma and f16c, the
 // features of every intrinsic called; pointer validity is the caller's contract (see
@@ -68,41 +44,15 @@ impl Simd for Avx2 {
     type V = __m256;
     const LANES: usize = 8;
 
-    #[inline(always)]
-    fn splat(self, x: f32) -> __m256 {
-        // SAFETY: see the impl.
-        unsafe { _mm256_set1_ps(x) }
-    }
-
-    #[inline(always)]
-    unsafe fn load(self, p: *const f32) -> __m256 {
-        // SAFETY: see the impl; `p` is valid for 8 f32 (caller).
-        unsafe { _mm256_loadu_ps(p) }
-    }
-
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, v: __m256) {
-        // SAFETY: see the impl; `p` is valid for 8 f32 (caller).
-        unsafe { _mm256_storeu_ps(p, v) }
-    }
-
-    #[inline(always)]
-    fn add(self, a: __m256, b: __m256) -> __m256 {
-        // SAFETY: see the impl.
-        unsafe { _mm256_add_ps(a, b) }
-    }
-
-    #[inline(always)]
-    fn mul(self, a: __m256, b: __m256) -> __m256 {
-        // SAFETY: see the impl.
-        unsafe { _mm256_mul_ps(a, b) }
-    }
-
-    #[inline(always)]
-    fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
-        // SAFETY: see the impl.
-        unsafe { _mm256_fmadd_ps(a, b, c) }
-    }
+    lane_methods!(
+        __m256,
+        _mm256_set1_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_add_ps,
+        _mm256_mul_ps,
+        _mm256_fmadd_ps
+    );
 
     #[inline(always)]
     fn lane0(self, x: f32) -> __m256 {
@@ -155,12 +105,6 @@ impl Simd for Avx2 {
     /// Measured on Zen 3 (one core, 8 rows x 1024 columns from L2): 14.2 GB/s against 10.6.
     const FP8_BITS: bool = true;
 
-    /// Only where `super::fp8_bits` says so.
-    #[inline(always)]
-    fn fp8_bits_on(self) -> bool {
-        self.fp8_bits
-    }
-
     #[inline(always)]
     unsafe fn fp8_bits(self, p: *const u8) -> __m256 {
         // SAFETY: see the impl; `p` is valid for 8 bytes (caller), read unaligned.
@@ -174,14 +118,8 @@ impl Simd for Avx2 {
         }
     }
 
-    #[inline(always)]
-    unsafe fn fp8_bits_pair(self, p: *const u8) -> (__m256, __m256) {
-        // SAFETY: see the impl; `p` is valid for 16 bytes (caller), two 8-byte halves.
-        unsafe { (self.fp8_bits(p), self.fp8_bits(p.add(8))) }
-    }
-
     /// 8 rows (the one-token pass) run as the assembly loop of `fp8_loops`, with this CPU's
-    /// read-ahead hint (`super::Prefetch`).
+    /// read-ahead hint (`cpu::Prefetch`).
     #[inline(always)]
     unsafe fn fp8_bits_loop(self, r: usize, p: Fp8Loop, acc: &mut [__m256]) -> usize {
         if r != 8 || p.pairs == 0 {
@@ -192,7 +130,7 @@ impl Simd for Avx2 {
         };
         // SAFETY: see the impl; the caller's contract is the loop's (`Fp8Loop`).
         unsafe {
-            if self.pf.l2 {
+            if self.0.pf.l2 {
                 super::fp8_loops::r8_l2(p, a)
             } else {
                 super::fp8_loops::r8_l1(p, a)
@@ -210,23 +148,7 @@ impl Simd for Avx2 {
         }
     }
 
-    #[inline(always)]
-    fn prefetch(self, p: *const u8) {
-        // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
-        // whatever the address (`Prefetch::line` picks the level).
-        unsafe { self.pf.line(p) }
-    }
-
-    #[inline(always)]
-    fn gemm_x_ahead(self) -> bool {
-        self.x_ahead
-    }
-
-    #[inline(always)]
-    fn prefetch_x(self, p: *const u8) {
-        // SAFETY: see the impl; any address (`prefetch_l1`).
-        unsafe { super::prefetch_l1(p) }
-    }
+    rules_methods!();
 
     /// The first 8 E2M1 values; not used by this tier (`fp4_scaled_table` reads
     /// `FP4_BYTES`).
@@ -307,14 +229,14 @@ impl Simd for Avx2 {
     }
 
     /// 4 rows x 1 token, 2 rows x 3 or 4 tokens and 3 rows x 2 tokens run as the assembly
-    /// loops of `fp4_loops`, with this CPU's read-ahead hint (`super::Prefetch`).
+    /// loops of `fp4_loops`, with this CPU's read-ahead hint (`cpu::Prefetch`).
     #[inline(always)]
     unsafe fn fp4_loop(self, r: usize, p: Fp4Loop<__m256>, acc: &mut [__m256]) -> bool {
         use super::fp4_loops::*;
         if p.groups == 0 {
             return false;
         }
-        let l2 = self.pf.l2;
+        let l2 = self.0.pf.l2;
         // Runs the loop with R x T = `$n` accumulators (with this CPU's read-ahead hint) if
         // `acc` holds that many.
         macro_rules! run {
@@ -345,24 +267,21 @@ impl Simd for Avx2 {
         false
     }
 
-    #[inline(always)]
-    unsafe fn dot_i8(self, w: *const i8, x: *const i8) -> Self::V {
-        // SAFETY: see the impl; `w` and `x` are valid for 32 bytes (caller).
-        unsafe { int8::dot(int8::load(w), int8::load(x)) }
-    }
+    int8_methods!(super::int8::as_is);
 
-    #[inline(always)]
-    unsafe fn fp4_i8(self, p: *const u8, out: *mut i8) {
-        // SAFETY: see the impl; `p` is valid for 16 bytes and `out` for 32 (caller).
-        unsafe { _mm256_storeu_si256(out.cast(), int8::fp4_i8(p)) }
-    }
+    // ---- register tiles of the loops ----
 
-    /// The weights `fp4_i8` forms, kept in a register: the same lanes as the pair.
-    #[inline(always)]
-    unsafe fn dot_fp4_i8(self, p: *const u8, x: *const i8) -> Self::V {
-        // SAFETY: see the impl; `p` is valid for 16 bytes and `x` for 32 (caller).
-        unsafe { int8::dot(int8::fp4_i8(p), int8::load(x)) }
-    }
+    /// 3 rows for 2-token passes (2 before session 40), measured on Zen 4 (`kernels_ab
+    /// prefill`, one thread, share of the FMA peak, 2 tokens): FP4 2048 x 4096 46-47 -> 52-53 %
+    /// (with `FP4_X_BY_CHUNK`), FP8 4096 x 4096 39-41 -> 49-50 %, BF16 27-29 -> 36-38 %. 3 rows
+    /// for 3 or 4 tokens lost (FP4 64 -> 38 %, 58 -> 47 %): 16 registers.
+    const ROWS_XT: [usize; 4] = [8, 3, 2, 2];
+    /// 4 FP4 rows share each x load in the one-token path (`FP4_X_BY_CHUNK`).
+    const FP4_ROWS_X1: usize = 4;
+    /// 4 rows x 3 tokens: 12 accumulators of 16 registers.
+    const GEMM_TILE: (usize, usize) = (4, 3);
+    const Q8_ROWS: usize = 4;
+    const CHAINS: usize = 12;
 }
 
 /// Per UE8M0 scale byte b: the high bytes (0..16) and low bytes (16..32) of the f32 of each

@@ -2,30 +2,23 @@
 //!
 //! FP8: 16 bytes sign-extended to 16-bit lanes, `(s << 7) & 0xBF80` is the f16 of e4m3/256
 //! (subnormals included, no f32 denormals), then `vcvtph2ps`; on AMD the one-token and
-//! fused paths take the bits straight into f32 lanes instead (`fp8_bits`, `super::fp8_bits`).
+//! fused paths take the bits straight into f32 lanes instead (`fp8_bits`, `cpu::fp8_bits`).
 //! FP4: the 16-entry E2M1 table times the block scale sits in one register and `vpermps`
 //! picks by nibble; column groups are 32 wide ([16 even, 16 odd]). Eight rows share each x
 //! load in the one-token path; the prefill micro-kernel runs 4 rows x 6 tokens (24
 //! accumulators of 32 registers).
 
-use super::super::driver::RowsView;
 use super::super::generic::{simd_kernel, Simd};
-use super::int8;
-use super::Prefetch;
+use super::cpu::{rules_methods, Prefetch, Rules};
+use super::int8::int8_methods;
+use super::lanes::lane_methods;
 use crate::dtype::E2M1_LUT;
 use std::arch::x86_64::*;
 
-/// Proof that the CPU has this tier's features (and the rules it follows on this CPU); only
+/// Proof that the CPU has this tier's features, with the rules it follows on this CPU; only
 /// `detect` creates one.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512 {
-    /// where the one-token read-ahead goes
-    pf: Prefetch,
-    /// whether the FP8 loops take the weights as their bits (`super::fp8_bits`)
-    fp8_bits: bool,
-    /// whether `gemm` prefetches the next token tile's x (`super::gemm_x_ahead`)
-    x_ahead: bool,
-}
+pub(crate) struct Avx512(Rules);
 
 impl Avx512 {
     pub(crate) fn detect() -> Option<Self> {
@@ -35,29 +28,11 @@ impl Avx512 {
             && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        ok.then(|| Avx512 {
-            pf: Prefetch::avx512(),
-            fp8_bits: super::fp8_bits(),
-            x_ahead: super::gemm_x_ahead(),
-        })
+        ok.then(|| Avx512(Rules::new(Prefetch::avx512())))
     }
 }
 
-// rows_xt: 3 rows for 4-token passes (2 before session 40), measured on Zen 4 with the FP4
-// passes chunk by chunk (`kernels_ab prefill`, one thread, share of the FMA peak): FP4
-// 2048 x 4096 at 4 tokens 84-85 -> 90-91 % (8 to 16 tokens, in passes of 4: 84-85 -> 90-91 %),
-// 4096 x 2048 87 -> 88-89 %; FP8 4096 x 4096 at 4 tokens 60-63 -> 77-80 %, BF16 34-38 ->
-// 57-66 %. 4 rows: the same for FP4 and FP8, BF16 69-74 %, FP4 4096 x 2048 86 %.
-simd_kernel!(
-    Avx512,
-    features = "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
-    rows_xt = [8, 4, 3, 3],
-    fp4_rows_x1 = 8,
-    gemm_rows = 4,
-    gemm_tokens = 6,
-    q8_rows = 4,
-    chains = 16
-);
+simd_kernel!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
 
 // In every method below, SAFETY: `self` exists, so `detect` found avx512f/bw/vl, avx2, fma
 // and f16c, the features of every intrinsic called; pointer validity is the caller's
@@ -66,41 +41,15 @@ impl Simd for Avx512 {
     type V = __m512;
     const LANES: usize = 16;
 
-    #[inline(always)]
-    fn splat(self, x: f32) -> __m512 {
-        // SAFETY: see the impl.
-        unsafe { _mm512_set1_ps(x) }
-    }
-
-    #[inline(always)]
-    unsafe fn load(self, p: *const f32) -> __m512 {
-        // SAFETY: see the impl; `p` is valid for 16 f32 (caller).
-        unsafe { _mm512_loadu_ps(p) }
-    }
-
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, v: __m512) {
-        // SAFETY: see the impl; `p` is valid for 16 f32 (caller).
-        unsafe { _mm512_storeu_ps(p, v) }
-    }
-
-    #[inline(always)]
-    fn add(self, a: __m512, b: __m512) -> __m512 {
-        // SAFETY: see the impl.
-        unsafe { _mm512_add_ps(a, b) }
-    }
-
-    #[inline(always)]
-    fn mul(self, a: __m512, b: __m512) -> __m512 {
-        // SAFETY: see the impl.
-        unsafe { _mm512_mul_ps(a, b) }
-    }
-
-    #[inline(always)]
-    fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
-        // SAFETY: see the impl.
-        unsafe { _mm512_fmadd_ps(a, b, c) }
-    }
+    lane_methods!(
+        __m512,
+        _mm512_set1_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_add_ps,
+        _mm512_mul_ps,
+        _mm512_fmadd_ps
+    );
 
     #[inline(always)]
     fn lane0(self, x: f32) -> __m512 {
@@ -181,12 +130,6 @@ impl Simd for Avx512 {
     /// 8 tokens 65-69 -> 66-70.
     const FP8_BITS: bool = true;
 
-    /// Only where `super::fp8_bits` says so.
-    #[inline(always)]
-    fn fp8_bits_on(self) -> bool {
-        self.fp8_bits
-    }
-
     #[inline(always)]
     unsafe fn fp8_bits(self, p: *const u8) -> __m512 {
         // SAFETY: see the impl; `p` is valid for 16 bytes (caller), read unaligned.
@@ -201,12 +144,6 @@ impl Simd for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn fp8_bits_pair(self, p: *const u8) -> (__m512, __m512) {
-        // SAFETY: see the impl; `p` is valid for 32 bytes (caller), two 16-byte halves.
-        unsafe { (self.fp8_bits(p), self.fp8_bits(p.add(16))) }
-    }
-
-    #[inline(always)]
     unsafe fn bf16(self, p: *const u8) -> __m512 {
         // SAFETY: see the impl; `p` is valid for 32 bytes (caller), read unaligned.
         unsafe {
@@ -215,23 +152,7 @@ impl Simd for Avx512 {
         }
     }
 
-    #[inline(always)]
-    fn prefetch(self, p: *const u8) {
-        // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults,
-        // whatever the address (`Prefetch::line` picks the level).
-        unsafe { self.pf.line(p) }
-    }
-
-    #[inline(always)]
-    fn gemm_x_ahead(self) -> bool {
-        self.x_ahead
-    }
-
-    #[inline(always)]
-    fn prefetch_x(self, p: *const u8) {
-        // SAFETY: see the impl; any address (`prefetch_l1`).
-        unsafe { super::prefetch_l1(p) }
-    }
+    rules_methods!();
 
     #[inline(always)]
     fn fp4_table(self) -> __m512 {
@@ -250,22 +171,18 @@ impl Simd for Avx512 {
         }
     }
 
-    #[inline(always)]
-    unsafe fn dot_i8(self, w: *const i8, x: *const i8) -> Self::V {
-        // SAFETY: see the impl; `w` and `x` are valid for 32 bytes (caller).
-        unsafe { _mm512_zextps256_ps512(int8::dot(int8::load(w), int8::load(x))) }
-    }
+    int8_methods!(_mm512_zextps256_ps512);
 
-    #[inline(always)]
-    unsafe fn fp4_i8(self, p: *const u8, out: *mut i8) {
-        // SAFETY: see the impl; `p` is valid for 16 bytes and `out` for 32 (caller).
-        unsafe { _mm256_storeu_si256(out.cast(), int8::fp4_i8(p)) }
-    }
+    // ---- register tiles of the loops ----
 
-    /// The weights `fp4_i8` forms, kept in a register: the same lanes as the pair.
-    #[inline(always)]
-    unsafe fn dot_fp4_i8(self, p: *const u8, x: *const i8) -> Self::V {
-        // SAFETY: see the impl; `p` is valid for 16 bytes and `x` for 32 (caller).
-        unsafe { _mm512_zextps256_ps512(int8::dot(int8::fp4_i8(p), int8::load(x))) }
-    }
+    /// 3 rows for 4-token passes (2 before session 40), measured on Zen 4 with the FP4
+    /// passes chunk by chunk (`kernels_ab prefill`, one thread, share of the FMA peak): FP4
+    /// 2048 x 4096 at 4 tokens 84-85 -> 90-91 % (8 to 16 tokens, in passes of 4: 84-85 ->
+    /// 90-91 %), 4096 x 2048 87 -> 88-89 %; FP8 4096 x 4096 at 4 tokens 60-63 -> 77-80 %, BF16
+    /// 34-38 -> 57-66 %. 4 rows: the same for FP4 and FP8, BF16 69-74 %, FP4 4096 x 2048 86 %.
+    const ROWS_XT: [usize; 4] = [8, 4, 3, 3];
+    /// 4 rows x 6 tokens: 24 accumulators of 32 registers.
+    const GEMM_TILE: (usize, usize) = (4, 6);
+    const Q8_ROWS: usize = 4;
+    const CHAINS: usize = 16;
 }

@@ -28,14 +28,14 @@
 //! scale, then `vcvtne2ps2bf16`; the `* 256` is applied to the sum, exactly. FP4 weights
 //! are one `vpermw` of the nibbles into the E2M1 table times the block scale, in bf16.
 
-use super::super::driver::{run_tasks, task_split, token_blocks, view, Rows, RowsView, GROUP};
+use super::super::driver::{run_tasks, task_split, token_blocks, Product, GROUP};
 use super::super::generic::{prefetch_next, Simd};
-use super::super::{MatRef, Weights};
-use super::Avx512;
+use super::super::matrix::Weights;
+use super::super::rows::{view, Rows, RowsView};
+use super::avx512::Avx512;
 use crate::dtype::e8m0_to_f32;
 use crate::scratch;
 use std::arch::x86_64::*;
-use std::ops::Range;
 
 /// Proof that the CPU has avx512_bf16 on top of the AVX-512 tier; only `detect` makes one.
 #[derive(Clone, Copy)]
@@ -58,7 +58,7 @@ impl Bf16 {
     ///
     /// Other vendors are untested, so they keep the f32 kernels.
     pub(crate) fn full_rate(self) -> bool {
-        super::amd()
+        super::cpu::amd()
     }
 }
 
@@ -539,13 +539,11 @@ unsafe fn gemm(
     }
 }
 
-/// y[n, rows.len()] = x · W[rows]ᵀ for an FP8 or FP4 matrix, x rounded to bf16 (exact for
-/// official numerics' activations), products as `vdpbf16ps`. Arguments checked by the caller.
-pub(crate) fn matmul(b: Bf16, m: &MatRef, rows: Range<usize>, x: &[f32], n: usize, y: &mut [f32]) {
-    let (nr, cols) = (rows.len(), m.cols);
-    if nr == 0 || n == 0 {
-        return;
-    }
+/// y[n, rows.len()] = x · W[rows]ᵀ (`p`) for an FP8 or FP4 matrix, x rounded to bf16 (exact
+/// for official numerics' activations), products as `vdpbf16ps`.
+pub(crate) fn matmul(b: Bf16, p: Product, y: &mut [f32]) {
+    let Product { m, rows, x, n } = p;
+    let cols = m.cols;
     let fp8 = match m.w {
         Weights::Fp8 { .. } => true,
         Weights::Fp4 { .. } => false,

@@ -135,43 +135,27 @@ macro_rules! chunk_4x1 {
         concat!(
             $op!("a", $h0),
             $op!("b", $h1),
-            token!("{x}", $off, "r0", "a", "r1", "b"),
+            token!("{x}", $off, "s00", "a", "s10", "b"),
             $op!("a", $h2),
             $op!("b", $h3),
-            fma!("r2", "a", "r3", "b"),
+            fma!("s20", "a", "s30", "b"),
         )
     };
 }
 
-/// One chunk of a 2 x 4 loop: the 2 rows' chunks from their halves, then each token's chunk
-/// of x at `$off` into both rows' accumulators for that token.
-macro_rules! chunk_2x4 {
-    ($op:ident, $h0:literal, $h1:literal, $off:literal) => {
+/// One chunk of a 2-row loop: the 2 rows' chunks from their halves, then each token's chunk
+/// of x (at `$x` + `$off`) into both rows' accumulators for that token (`$a0`, `$a1`).
+macro_rules! chunk_2rows {
+    ($op:ident, $h0:literal, $h1:literal, $off:literal, $([$x:literal, $a0:literal, $a1:literal]),+) => {
         concat!(
             $op!("a", $h0),
             $op!("b", $h1),
-            token!("{x}", $off, "s00", "a", "s10", "b"),
-            token!("{x} + {xs}", $off, "s01", "a", "s11", "b"),
-            token!("{x} + {xs}*2", $off, "s02", "a", "s12", "b"),
-            token!("{x3}", $off, "s03", "a", "s13", "b"),
+            $(token!($x, $off, $a0, "a", $a1, "b"),)+
         )
     };
 }
 
-/// One chunk of a 2 x 3 loop (as `chunk_2x4`, 3 tokens).
-macro_rules! chunk_2x3 {
-    ($op:ident, $h0:literal, $h1:literal, $off:literal) => {
-        concat!(
-            $op!("a", $h0),
-            $op!("b", $h1),
-            token!("{x}", $off, "s00", "a", "s10", "b"),
-            token!("{x} + {xs}", $off, "s01", "a", "s11", "b"),
-            token!("{x} + {xs}*2", $off, "s02", "a", "s12", "b"),
-        )
-    };
-}
-
-/// One chunk of a 3 x 2 loop (as `chunk_2x4`, 3 rows and 2 tokens).
+/// One chunk of a 3 x 2 loop (as `chunk_2rows`, 3 rows and 2 tokens).
 macro_rules! chunk_3x2 {
     ($op:ident, $h0:literal, $h1:literal, $h2:literal, $off:literal) => {
         concat!(
@@ -184,17 +168,17 @@ macro_rules! chunk_3x2 {
     };
 }
 
-/// One group of a 2-row loop: both rows decoded (halves `h`, `g`), its four chunks through
-/// `$chunk` (`chunk_2x4` or `chunk_2x3`), then `next_group!`.
+/// One group of a 2-row loop: both rows decoded (halves `h`, `g`), its four chunks
+/// (`chunk_2rows!` with the tokens' x and accumulators `$t`), then `next_group!`.
 macro_rules! group_2rows {
-    ($chunk:ident) => {
+    ($($t:tt),+) => {
         concat!(
             decode!("{q}", "{s}", "h0", "g0"),
             decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-            $chunk!(even, "h0", "h1", "0"),
-            $chunk!(odd, "h0", "h1", "32"),
-            $chunk!(even, "g0", "g1", "64"),
-            $chunk!(odd, "g0", "g1", "96"),
+            chunk_2rows!(even, "h0", "h1", "0", $($t),+),
+            chunk_2rows!(odd, "h0", "h1", "32", $($t),+),
+            chunk_2rows!(even, "g0", "g1", "64", $($t),+),
+            chunk_2rows!(odd, "g0", "g1", "96", $($t),+),
             next_group!("2"),
         )
     };
@@ -251,152 +235,103 @@ macro_rules! fp4_asm {
     };
 }
 
-/// The four loops for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
-/// `super::Prefetch` picks for this CPU).
-macro_rules! loops {
-    ($pf:literal, $r4t1:ident, $r2t4:ident, $r2t3:ident, $r3t2:ident) => {
-        /// 4 rows x 1 token (the one-token pass); `acc` = the 4 rows'.
+/// One pass as a function `$name($p)` over R = `$rows` rows and the T tokens of `$acc` (its
+/// R x T accumulators, row by row, as `acc`: `[__m256; $n]`): the loop `fp4_asm!` builds from
+/// `$body`, with the loop's own operands `$own` (which name `$p`) and then the accumulators.
+macro_rules! pass {
+    ($(#[$doc:meta])* $name:ident($p:ident), $pf:literal, $rows:literal,
+     [$($acc:ident),+; $n:literal], [$($body:expr),+ $(,)?], $($own:tt)*) => {
+        $(#[$doc])*
         ///
         /// # Safety
-        /// As the 2 x 4 loop, for 4 rows and 1 token.
-        #[target_feature(enable = "avx2,fma")]
-        pub(super) unsafe fn $r4t1(p: Fp4Loop<__m256>, acc: &mut [__m256; 4]) {
-            let [mut s0, mut s1, mut s2, mut s3] = *acc;
-            // SAFETY: as in the 2 x 4 loop (rows 2 and 3 at q2 = q + 2 rb and q2 + rb, their
-            // scales at s2 = s + 2 nb and s2 + nb).
-            unsafe {
-                fp4_asm!(
-                    $pf,
-                    p,
-                    4,
-                    [
-                        decode!("{q}", "{s}", "h0", "g0"),
-                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                        decode!("{q2}", "{s2}", "h2", "g2"),
-                        decode!("{q2} + {rb}", "{s2} + {nb}", "h3", "g3"),
-                        chunk_4x1!(even, "h0", "h1", "h2", "h3", "0"),
-                        chunk_4x1!(odd, "h0", "h1", "h2", "h3", "32"),
-                        chunk_4x1!(even, "g0", "g1", "g2", "g3", "64"),
-                        chunk_4x1!(odd, "g0", "g1", "g2", "g3", "96"),
-                        next_group!("4"),
-                        "add {q2}, 16",
-                        "add {s2}, 1",
-                    ],
-                    q2 = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
-                    s2 = inout(reg) p.scale.wrapping_add(2 * p.nb) => _,
-                    h2 = out(ymm_reg) _,
-                    g2 = out(ymm_reg) _,
-                    h3 = out(ymm_reg) _,
-                    g3 = out(ymm_reg) _,
-                    r0 = inout(ymm_reg) s0,
-                    r1 = inout(ymm_reg) s1,
-                    r2 = inout(ymm_reg) s2,
-                    r3 = inout(ymm_reg) s3,
-                );
-            }
-            *acc = [s0, s1, s2, s3];
-        }
-
-        /// 2 rows x 4 tokens; `acc` = [row 0's 4 tokens, row 1's].
-        ///
-        /// # Safety
-        /// The CPU has AVX2 and FMA; `p` holds what `Fp4Loop` says for 2 rows and 4 tokens
+        /// The CPU has AVX2 and FMA; `p` holds what `Fp4Loop` says for these rows and tokens
         /// (every group's bytes, scale bytes, tables and x readable), and `p.groups` >= 1.
         #[target_feature(enable = "avx2,fma")]
-        pub(super) unsafe fn $r2t4(p: Fp4Loop<__m256>, acc: &mut [__m256; 8]) {
-            let [mut s00, mut s01, mut s02, mut s03, mut s10, mut s11, mut s12, mut s13] = *acc;
-            // SAFETY: the caller's contract: every group's reads lie where `Fp4Loop` says;
-            // the read-ahead may point anywhere (a prefetch never faults). The block writes
-            // no memory and leaves the stack alone; the loop runs `groups` >= 1 times.
+        pub(super) unsafe fn $name($p: Fp4Loop<__m256>, acc: &mut [__m256; $n]) {
+            let [$(mut $acc),+] = *acc;
+            // SAFETY: the caller's contract: every group's reads lie where `Fp4Loop` says (row
+            // r at q + r rb, its scales at s + r nb, the tokens xs apart); the read-ahead may
+            // point anywhere (a prefetch never faults). The block writes no memory and leaves
+            // the stack alone; the loop runs `groups` >= 1 times.
             unsafe {
-                fp4_asm!(
-                    $pf,
-                    p,
-                    2,
-                    [
-                        group_2rows!(chunk_2x4),
-                        "add {x3}, 128",
-                    ],
-                    x3 = inout(reg) p.x.wrapping_add(3 * p.xs) => _,
-                    xs = in(reg) p.xs * 4,
-                    s00 = inout(ymm_reg) s00,
-                    s01 = inout(ymm_reg) s01,
-                    s02 = inout(ymm_reg) s02,
-                    s03 = inout(ymm_reg) s03,
-                    s10 = inout(ymm_reg) s10,
-                    s11 = inout(ymm_reg) s11,
-                    s12 = inout(ymm_reg) s12,
-                    s13 = inout(ymm_reg) s13,
-                );
+                fp4_asm!($pf, $p, $rows, [$($body),+], $($own)* $($acc = inout(ymm_reg) $acc,)+);
             }
-            *acc = [s00, s01, s02, s03, s10, s11, s12, s13];
+            *acc = [$($acc),+];
         }
+    };
+}
 
-        /// 2 rows x 3 tokens; `acc` = [row 0's 3 tokens, row 1's].
-        ///
-        /// # Safety
-        /// As the 2 x 4 loop, for 2 rows and 3 tokens.
-        #[target_feature(enable = "avx2,fma")]
-        pub(super) unsafe fn $r2t3(p: Fp4Loop<__m256>, acc: &mut [__m256; 6]) {
-            let [mut s00, mut s01, mut s02, mut s10, mut s11, mut s12] = *acc;
-            // SAFETY: as in the 2 x 4 loop.
-            unsafe {
-                fp4_asm!(
-                    $pf,
-                    p,
-                    2,
-                    [
-                        group_2rows!(chunk_2x3),
-                    ],
-                    xs = in(reg) p.xs * 4,
-                    s00 = inout(ymm_reg) s00,
-                    s01 = inout(ymm_reg) s01,
-                    s02 = inout(ymm_reg) s02,
-                    s10 = inout(ymm_reg) s10,
-                    s11 = inout(ymm_reg) s11,
-                    s12 = inout(ymm_reg) s12,
-                );
-            }
-            *acc = [s00, s01, s02, s10, s11, s12];
-        }
-
-        /// 3 rows x 2 tokens; `acc` = [row 0's 2 tokens, row 1's, row 2's].
-        ///
-        /// # Safety
-        /// As the 2 x 4 loop, for 3 rows and 2 tokens.
-        #[target_feature(enable = "avx2,fma")]
-        pub(super) unsafe fn $r3t2(p: Fp4Loop<__m256>, acc: &mut [__m256; 6]) {
-            let [mut s00, mut s01, mut s10, mut s11, mut s20, mut s21] = *acc;
-            // SAFETY: as in the 2 x 4 loop (row 2 at q + 2 rb, its scales at s + 2 nb).
-            unsafe {
-                fp4_asm!(
-                    $pf,
-                    p,
-                    3,
-                    [
-                        decode!("{q}", "{s}", "h0", "g0"),
-                        decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
-                        decode!("{q} + {rb}*2", "{s} + {nb}*2", "h2", "g2"),
-                        chunk_3x2!(even, "h0", "h1", "h2", "0"),
-                        chunk_3x2!(odd, "h0", "h1", "h2", "32"),
-                        chunk_3x2!(even, "g0", "g1", "g2", "64"),
-                        chunk_3x2!(odd, "g0", "g1", "g2", "96"),
-                        next_group!("3"),
-                    ],
-                    xs = in(reg) p.xs * 4,
-                    w = out(ymm_reg) _,
-                    h2 = out(ymm_reg) _,
-                    g2 = out(ymm_reg) _,
-                    s00 = inout(ymm_reg) s00,
-                    s01 = inout(ymm_reg) s01,
-                    s10 = inout(ymm_reg) s10,
-                    s11 = inout(ymm_reg) s11,
-                    s20 = inout(ymm_reg) s20,
-                    s21 = inout(ymm_reg) s21,
-                );
-            }
-            *acc = [s00, s01, s10, s11, s20, s21];
-        }
+/// The four loops for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
+/// `cpu::Prefetch` picks for this CPU).
+macro_rules! loops {
+    ($pf:literal, $r4t1:ident, $r2t4:ident, $r2t3:ident, $r3t2:ident) => {
+        pass!(
+            /// 4 rows x 1 token (the one-token pass); rows 2 and 3 at q2 = q + 2 rb and q2 + rb,
+            /// their scales at s2 = s + 2 nb and s2 + nb.
+            $r4t1(p), $pf, 4, [s00, s10, s20, s30; 4],
+            [
+                decode!("{q}", "{s}", "h0", "g0"),
+                decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                decode!("{q2}", "{s2}", "h2", "g2"),
+                decode!("{q2} + {rb}", "{s2} + {nb}", "h3", "g3"),
+                chunk_4x1!(even, "h0", "h1", "h2", "h3", "0"),
+                chunk_4x1!(odd, "h0", "h1", "h2", "h3", "32"),
+                chunk_4x1!(even, "g0", "g1", "g2", "g3", "64"),
+                chunk_4x1!(odd, "g0", "g1", "g2", "g3", "96"),
+                next_group!("4"),
+                "add {q2}, 16",
+                "add {s2}, 1",
+            ],
+            q2 = inout(reg) p.q.wrapping_add(2 * p.rb) => _,
+            s2 = inout(reg) p.scale.wrapping_add(2 * p.nb) => _,
+            h2 = out(ymm_reg) _,
+            g2 = out(ymm_reg) _,
+            h3 = out(ymm_reg) _,
+            g3 = out(ymm_reg) _,
+        );
+        pass!(
+            /// 2 rows x 4 tokens.
+            $r2t4(p), $pf, 2, [s00, s01, s02, s03, s10, s11, s12, s13; 8],
+            [
+                group_2rows!(
+                    ["{x}", "s00", "s10"],
+                    ["{x} + {xs}", "s01", "s11"],
+                    ["{x} + {xs}*2", "s02", "s12"],
+                    ["{x3}", "s03", "s13"]
+                ),
+                "add {x3}, 128",
+            ],
+            x3 = inout(reg) p.x.wrapping_add(3 * p.xs) => _,
+            xs = in(reg) p.xs * 4,
+        );
+        pass!(
+            /// 2 rows x 3 tokens.
+            $r2t3(p), $pf, 2, [s00, s01, s02, s10, s11, s12; 6],
+            [group_2rows!(
+                ["{x}", "s00", "s10"],
+                ["{x} + {xs}", "s01", "s11"],
+                ["{x} + {xs}*2", "s02", "s12"]
+            )],
+            xs = in(reg) p.xs * 4,
+        );
+        pass!(
+            /// 3 rows x 2 tokens; row 2 at q + 2 rb, its scales at s + 2 nb.
+            $r3t2(p), $pf, 3, [s00, s01, s10, s11, s20, s21; 6],
+            [
+                decode!("{q}", "{s}", "h0", "g0"),
+                decode!("{q} + {rb}", "{s} + {nb}", "h1", "g1"),
+                decode!("{q} + {rb}*2", "{s} + {nb}*2", "h2", "g2"),
+                chunk_3x2!(even, "h0", "h1", "h2", "0"),
+                chunk_3x2!(odd, "h0", "h1", "h2", "32"),
+                chunk_3x2!(even, "g0", "g1", "g2", "64"),
+                chunk_3x2!(odd, "g0", "g1", "g2", "96"),
+                next_group!("3"),
+            ],
+            xs = in(reg) p.xs * 4,
+            w = out(ymm_reg) _,
+            h2 = out(ymm_reg) _,
+            g2 = out(ymm_reg) _,
+        );
     };
 }
 

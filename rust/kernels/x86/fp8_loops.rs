@@ -51,7 +51,7 @@ macro_rules! row {
 }
 
 /// The loop for one read-ahead hint (`$pf`: `prefetcht0` or `prefetcht1`, as
-/// `super::Prefetch` picks for this CPU).
+/// `cpu::Prefetch` picks for this CPU).
 macro_rules! loop8 {
     ($pf:literal, $name:ident) => {
         /// 8 rows x 1 token, `p.pairs` steps of two chunks; `acc` = the 8 rows'.

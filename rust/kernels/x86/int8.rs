@@ -21,7 +21,7 @@ unsafe fn table() -> __m128i {
 /// # Safety
 /// The CPU has AVX2; `p` is valid for reading 16 bytes.
 #[inline(always)]
-pub(super) unsafe fn fp4_i8(p: *const u8) -> __m256i {
+pub(crate) unsafe fn fp4_i8(p: *const u8) -> __m256i {
     // SAFETY: the caller's contract (features and 16 readable bytes, read unaligned).
     unsafe {
         let b = _mm_loadu_si128(p.cast());
@@ -37,7 +37,7 @@ pub(super) unsafe fn fp4_i8(p: *const u8) -> __m256i {
 /// # Safety
 /// The CPU has AVX2.
 #[inline(always)]
-pub(super) unsafe fn dot(w: __m256i, x: __m256i) -> __m256 {
+pub(crate) unsafe fn dot(w: __m256i, x: __m256i) -> __m256 {
     // SAFETY: the caller's contract (features).
     unsafe {
         let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
@@ -50,7 +50,42 @@ pub(super) unsafe fn dot(w: __m256i, x: __m256i) -> __m256 {
 /// # Safety
 /// The CPU has AVX2; `p` is valid for reading 32 bytes.
 #[inline(always)]
-pub(super) unsafe fn load(p: *const i8) -> __m256i {
+pub(crate) unsafe fn load(p: *const i8) -> __m256i {
     // SAFETY: the caller's contract, read unaligned.
     unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// The int8 `Simd` methods of an x86 tier, written once for both: `$widen` turns the eight
+/// 256-bit lane sums into the tier's vector (AVX-512: the upper half zero; the lanes' sum is
+/// the same). Inside the tier's `impl Simd`.
+macro_rules! int8_methods {
+    ($widen:path) => {
+        #[inline(always)]
+        unsafe fn dot_i8(self, w: *const i8, x: *const i8) -> Self::V {
+            use $crate::kernels::x86::int8;
+            // SAFETY: see the impl; `w` and `x` are valid for 32 bytes (caller).
+            unsafe { $widen(int8::dot(int8::load(w), int8::load(x))) }
+        }
+
+        #[inline(always)]
+        unsafe fn fp4_i8(self, p: *const u8, out: *mut i8) {
+            // SAFETY: see the impl; `p` is valid for 16 bytes and `out` for 32 (caller).
+            unsafe { _mm256_storeu_si256(out.cast(), $crate::kernels::x86::int8::fp4_i8(p)) }
+        }
+
+        /// The weights `fp4_i8` forms, kept in a register: the same lanes as the pair.
+        #[inline(always)]
+        unsafe fn dot_fp4_i8(self, p: *const u8, x: *const i8) -> Self::V {
+            use $crate::kernels::x86::int8;
+            // SAFETY: see the impl; `p` is valid for 16 bytes and `x` for 32 (caller).
+            unsafe { $widen(int8::dot(int8::fp4_i8(p), int8::load(x))) }
+        }
+    };
+}
+pub(crate) use int8_methods;
+
+/// The AVX2 tier's `$widen` for `int8_methods!`: its vectors are the 256-bit sums.
+#[inline(always)]
+pub(super) fn as_is(v: __m256) -> __m256 {
+    v
 }
