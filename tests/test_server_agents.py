@@ -6,6 +6,7 @@ of test_server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -41,6 +42,17 @@ def server(m):
     s = Running(m, name="demo", max_tokens=64)
     yield s
     s.close()
+
+
+@contextlib.contextmanager
+def scripted(text):
+    """A server on the scripted model that answers ``text``: (the model, the server)."""
+    fake = ScriptedModel(text)
+    s = Running(fake, name="scripted")
+    try:
+        yield fake, s
+    finally:
+        s.close()
 
 
 def claude(server, key="none"):
@@ -144,10 +156,7 @@ def test_messages_errors_in_anthropics_shape(server):
 
 
 def test_messages_tool_round_trip():
-    answer = _dsml_answer("chat", content="Let me check.")
-    fake = ScriptedModel(answer)
-    s = Running(fake, name="scripted")
-    try:
+    with scripted(_dsml_answer("chat", content="Let me check.")) as (fake, s):
         c = claude(s)
         r = c.messages.create(model="x", max_tokens=200, messages=HELLO, tools=[A_WEATHER, A_CLOCK])
         # the tools reach the model exactly as chat completions render them
@@ -180,14 +189,10 @@ def test_messages_tool_round_trip():
         )
         text = fake.tok.decode(fake.prompts[-1])
         assert '<tool_result>{"temp": 21}</tool_result>\n\n<tool_result>12:00</tool_result>' in text
-    finally:
-        s.close()
 
 
 def test_messages_thinking_and_its_budget():
-    fake = ScriptedModel("one two three four five six seven eight</think>The answer.")
-    s = Running(fake, name="scripted")
-    try:
+    with scripted("one two three four five six seven eight</think>The answer.") as (fake, s):
         c = claude(s)
         r = c.messages.create(
             model="x",
@@ -212,8 +217,6 @@ def test_messages_thinking_and_its_budget():
         # the engine fed </think> after the 3rd token, then went on with the answer
         assert fake.prompts[-1][-4:] == script[:3] + [fake.tok.end_think_id]
         assert r.content[1].type == "text"
-    finally:
-        s.close()
 
 
 def test_x_api_key_and_bearer(m):
@@ -279,10 +282,7 @@ def test_responses_answer_as_chat_completions_do(server, m):
 
 
 def test_responses_function_call_round_trip():
-    answer = _dsml_answer("chat", content="")
-    fake = ScriptedModel(answer)
-    s = Running(fake, name="scripted")
-    try:
+    with scripted(_dsml_answer("chat", content="")) as (fake, s):
         c = codex(s)
         fn = WEATHER["function"]
         tools = [
@@ -306,8 +306,6 @@ def test_responses_function_call_round_trip():
         c.responses.create(model="x", previous_response_id=r.id, input=outputs, tools=tools)
         text = fake.tok.decode(fake.prompts[-1])
         assert '<tool_result>{"t": 1}</tool_result>\n\n<tool_result>12:00</tool_result>' in text
-    finally:
-        s.close()
 
 
 # --- operations ---------------------------------------------------------------------------------

@@ -492,13 +492,17 @@ def _store(x: Exchange) -> ResponseStore:
     return x.engine.responses
 
 
-def create(x: Exchange) -> int:
-    """``POST /v1/responses``: JSON, or the event stream with ``stream: true``."""
-    body = x.read_json()
+def _request(x: Exchange) -> Tuple[ChatRequest, List[Dict[str, Any]], Dict[str, Any]]:
+    """The body, read and translated (``parse_request``); its refusal is a 400."""
     try:
-        req, messages, echo = parse_request(body, _store(x))
+        return parse_request(x.read_json(), _store(x))
     except BadRequest as e:
         raise ApiError(400, str(e)) from None
+
+
+def create(x: Exchange) -> int:
+    """``POST /v1/responses``: JSON, or the event stream with ``stream: true``."""
+    req, messages, echo = _request(x)
     job = prepare(x, req, "input")
     b = ResponseBuilder(x.engine.name, echo)
     if not req.stream:
@@ -560,11 +564,7 @@ def delete(x: Exchange) -> int:
 
 def input_tokens(x: Exchange) -> int:
     """``POST /v1/responses/input_tokens``: the prompt tokens the request would use."""
-    body = x.read_json()
-    try:
-        req, _, _ = parse_request(body, _store(x))
-    except BadRequest as e:
-        raise ApiError(400, str(e)) from None
+    req, _, _ = _request(x)
     req.max_new_tokens = 1
     job = prepare(x, req, "input")
     x.send_json(200, {"object": "response.input_tokens", "input_tokens": len(job.prompt)})
