@@ -268,8 +268,14 @@ def test_responses_answer_as_chat_completions_do(server, m):
     )
     assert "response.output_item.added" in kinds and text == want.content
     # previous_response_id continues a kept response; store=false keeps nothing
+    # (instructions are not carried over from the previous response: they are sent again)
     again = c.responses.create(
-        model="demo", previous_response_id=r.id, input="More", max_output_tokens=2, temperature=0
+        model="demo",
+        instructions="Be brief.",
+        previous_response_id=r.id,
+        input="More",
+        max_output_tokens=2,
+        temperature=0,
     )
     assert again.usage.input_tokens > r.usage.input_tokens
     assert again.usage.input_tokens_details.cached_tokens > 0  # the same conversation's prefix
