@@ -178,6 +178,7 @@ class Model:
         self._core = core
         self.config = config
         self.path = path
+        self._identity: Optional[Dict[str, Any]] = None
 
     def __repr__(self) -> str:
         return (
@@ -197,6 +198,14 @@ class Model:
 
     def session(self) -> Session:
         return Session(self, self._core.session())
+
+    @property
+    def identity(self) -> Dict[str, Any]:
+        """What a session file records of this model (its tensor table and small weights
+        hashed, the numerics mode, the kernel tier): a saved state only resumes on the same."""
+        if self._identity is None:
+            self._identity = json.loads(self._core.identity())
+        return self._identity
 
     def load_session(self, path: Union[str, os.PathLike]) -> Session:
         """A session read from a file :meth:`Session.save` wrote, continuing exactly where it

@@ -11,6 +11,12 @@ use super::attention::AttnState;
 use super::compressor::CompState;
 use crate::error::{Error, Result};
 
+/// What a session file records of the model it belongs to (tensor table and small weights
+/// hashed, the numerics mode, the kernel tier): a state only ever resumes on the same.
+pub fn model_identity(m: &super::Model) -> serde_json::Map<String, serde_json::Value> {
+    identity::of(m)
+}
+
 #[derive(Clone, Default)]
 pub struct State {
     pub layers: Vec<AttnState>,

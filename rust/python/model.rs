@@ -5,6 +5,7 @@ use super::json::to_python;
 use super::session::PySession;
 use super::{run_cancellable, to_py};
 use crate::model::generate::Session as CoreSession;
+use crate::model::session::model_identity;
 use crate::model::{Model as CoreModel, Want};
 use crate::report::{PlanReport, Stats};
 use numpy::ndarray::Array2;
@@ -174,6 +175,13 @@ impl PyModel {
     /// A session read from a file `Session.save` wrote, and the metadata saved with it (JSON
     /// text, or None). Refuses (ValueError naming the file and what differs) a file of
     /// another model, config or numerics mode, and a truncated or corrupted one.
+    /// What a session file records of this model, as JSON text (`model_identity`): the
+    /// prompt cache on disk keys its files by it, so another model's files are never read.
+    fn identity(&self, py: Python<'_>) -> String {
+        let m = self.inner.clone();
+        py.detach(|| serde_json::Value::Object(model_identity(&m)).to_string())
+    }
+
     fn load_session(&self, py: Python<'_>, path: PathBuf) -> PyResult<(PySession, Option<String>)> {
         let m = self.inner.clone();
         let (s, meta) = run_cancellable(py, |c| {

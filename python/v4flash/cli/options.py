@@ -12,6 +12,7 @@ import os
 from .. import NUMERICS, __version__
 from ..hub.releases import REPO_ID
 from ..model import sample_params
+from ..textapi.disk import DEFAULT_MIN_TOKENS
 
 
 def _checked(convert, what: str, ok=None, want: str = ""):
@@ -306,6 +307,27 @@ def parser() -> argparse.ArgumentParser:
         default=4,
         metavar="N",
         help="conversations whose state is kept for reuse (4; 0 = off)",
+    )
+    g.add_argument(
+        "--prompt-cache-dir",
+        metavar="DIR",
+        help="keep conversation states on disk in DIR too, so that a long prompt is not "
+        "prefilled again after a restart (default: RAM only)",
+    )
+    g.add_argument(
+        "--prompt-cache-disk",
+        type=_positive_float,
+        default=20.0,
+        metavar="GB",
+        help="disk space the files in --prompt-cache-dir may take; least recently used go "
+        "first (20)",
+    )
+    g.add_argument(
+        "--prompt-cache-min",
+        type=_positive_int,
+        default=DEFAULT_MIN_TOKENS,
+        metavar="N",
+        help=f"states shorter than N tokens are not written to disk ({DEFAULT_MIN_TOKENS})",
     )
     g.add_argument(
         "--cors",

@@ -12,6 +12,8 @@ from ..server import make_server
 from ..server.guard import is_loopback
 from ..server.transport import Limits
 from ..textapi.attached import use_tokenizer
+from ..textapi.disk import DiskOptions
+from ..units import GB
 from .common import CliError, load_model, resolve_model
 
 
@@ -29,6 +31,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     path, demo = resolve_model(args)
     name = _served_name(args, path, demo)
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)))
+    disk = None
+    if args.prompt_cache_dir:
+        disk = DiskOptions(
+            Path(args.prompt_cache_dir).expanduser(),
+            int(args.prompt_cache_disk * GB),
+            args.prompt_cache_min,
+        )
+        try:
+            disk.prepare()  # a bad directory is said now, not after the model loads
+        except ValueError as e:
+            raise CliError(str(e)) from None
     try:  # bind first: a taken port is said before the model loads, not minutes after
         srv = make_server(
             None,
@@ -38,6 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_tokens=args.max_tokens,
             cache_sessions=args.prompt_cache,
+            cache_disk=disk,
             cors=args.cors or (),
             ping_every=args.sse_ping,
             limits=limits,

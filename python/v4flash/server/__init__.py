@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from ..textapi.disk import DiskOptions
 from . import anthropic, openai, ops, responses
 from . import webui as webui_module
 from .engine import Engine
@@ -46,6 +47,7 @@ def make_server(
     api_key: Optional[str] = None,
     max_tokens: int = 4096,
     cache_sessions: int = 4,
+    cache_disk: Optional[DiskOptions] = None,
     cors: Sequence[str] = (),
     ping_every: float = PING_S,
     limits: Optional[Limits] = None,
@@ -55,12 +57,14 @@ def make_server(
 ) -> Server:
     """A bound, not yet serving, server (``serve_forever()`` or ``start()``; ``stop`` ends
     it). ``port=0`` picks a free port (see ``server.url``). ``model`` may be None while it
-    loads: set it with ``server.engine.set_model``."""
+    loads: set it with ``server.engine.set_model``. ``cache_disk``: the prompt cache keeps
+    states on disk too (``textapi.disk``)."""
     engine = Engine(
         model,
         name=name or (model.path.name if model is not None else "model"),
         max_tokens=max_tokens,
         cache_sessions=cache_sessions,
+        cache_disk=cache_disk,
         log=log,
     )
     engine.responses = responses.ResponseStore(responses_kept)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from ..textapi.attached import tokenizer_for
 from ..textapi.cache import PromptCache
+from ..textapi.disk import DiskOptions
 
 KEEPALIVE_S = 15.0  # a waiting streamed request hears from the server this often
 
@@ -102,11 +103,14 @@ class Engine:
         name: str,
         max_tokens: int = 4096,
         cache_sessions: int = 4,
+        cache_disk: Optional[DiskOptions] = None,
         log: Optional[Callable[[str], None]] = None,
     ):
         self.name = name
         self.max_tokens = max_tokens
         self.cache_sessions = cache_sessions
+        self.cache_disk = cache_disk
+        self._log = log or _stderr_log
         self.model: Any = None
         self.tok: Any = None
         self.cache: Any = None
@@ -117,7 +121,6 @@ class Engine:
         self.lock = FifoLock()
         self.stopping = threading.Event()
         self.created = int(time.time())
-        self._log = log or _stderr_log
         self._active = 0
         self._active_cond = threading.Condition()
         self.requests = 0
@@ -126,7 +129,11 @@ class Engine:
         """The model is loaded: requests may use it (until then they get a 503, "loading")."""
         self.model = model
         self.tok = tokenizer_for(model)
-        self.cache = PromptCache(model, max_sessions=self.cache_sessions)
+        cache = PromptCache(model, max_sessions=self.cache_sessions)
+        d = self.cache_disk
+        if d is not None:
+            cache.use_disk(d.directory, d.max_bytes, d.min_tokens, log=self.log)
+        self.cache = cache
         self.ready.set()
 
     def log(self, line: str) -> None:

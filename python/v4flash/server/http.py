@@ -392,6 +392,8 @@ class Server:
         self.engine.stopping.set()
         self.app.pinger.stop()
         clean = self.http.stop(grace)
+        if self.engine.cache is not None:
+            self.engine.cache.flush()  # the prompt cache's files asked for are written
         self._done.set()
         return clean and self.engine.wait_idle(0.1)
 
