@@ -1,13 +1,18 @@
 """Time to first token of the second turn of a conversation through `v4flash serve`, with
 and without the prompt cache, in one run.
 
-    python3 benches/serve_ttft.py --model DIR --ram 8 [--words 900] [--reps 3]
+    python3 benches/serve_ttft.py --model DIR --ram 8 [--words 900] [--reps 3] [--restart]
 
 Starts the server twice (``--prompt-cache 4`` and ``--prompt-cache 0``) on a free port of
 127.0.0.1, sends turn 1 (a long user message, streamed, greedy, a few tokens), then turn 2
 (the whole conversation resent plus a short new question) and reports, per server, the
 prompt tokens, ``cached_tokens`` and the TTFT of turn 2 (median of ``--reps``
 conversations, each with a different long message so no run reuses another's state).
+
+With ``--restart``: the prompt cache on disk instead. Per conversation, a server with
+``--prompt-cache-dir`` (a new temporary directory) answers turn 1 and stops; a new server on
+the same directory gets turn 2 (the TTFT after a restart), and a server without the directory
+gets the same turn 2 (cold).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from typing import Optional
 
 import httpx
 
@@ -34,8 +41,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: str, ram: str, cache: int):
+def start(model: str, ram: str, cache: int, cache_dir: Optional[str] = None):
     port = free_port()
+    extra = ["--prompt-cache-dir", cache_dir] if cache_dir else []
     p = subprocess.Popen(
         [
             sys.executable,
@@ -50,6 +58,7 @@ def start(model: str, ram: str, cache: int):
             str(port),
             "--prompt-cache",
             str(cache),
+            *extra,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -96,17 +105,64 @@ def turn(url: str, messages, max_tokens: int):
     return ttft, text, usage or {}
 
 
-def conversation(url: str, words: int, rep: int):
+def first_turn(url: str, words: int, rep: int):
+    """Turn 1 of conversation ``rep``; returns turn 2's messages."""
     long = " ".join(WORDS[(i * 7 + rep * 3) % len(WORDS)] for i in range(words))
     msgs = [{"role": "user", "content": f"Remember this list: {long}"}]
     _, answer, _ = turn(url, msgs, 4)
-    msgs += [
+    return msgs + [
         {"role": "assistant", "content": answer},
         {"role": "user", "content": "Which word came first?"},
     ]
+
+
+def second_turn(url: str, msgs):
     ttft, _, usage = turn(url, msgs, 2)
     details = usage.get("prompt_tokens_details") or {}
     return ttft, usage.get("prompt_tokens"), details.get("cached_tokens")
+
+
+def conversation(url: str, words: int, rep: int):
+    return second_turn(url, first_turn(url, words, rep))
+
+
+def stop(p) -> None:
+    p.terminate()  # SIGTERM: the server stops like on Ctrl-C (pending cache files written)
+    p.wait(120)
+
+
+def report(label: str, runs) -> None:
+    ttfts = [r[0] for r in runs]
+    print(
+        f"{label}: turn-2 prompt {runs[0][1]} tokens, cached {[r[2] for r in runs]}, "
+        f"TTFT median {statistics.median(ttfts):.2f} s "
+        f"(runs {', '.join(f'{t:.2f}' for t in ttfts)})"
+    )
+
+
+def restarts(a) -> None:
+    disk, cold = [], []
+    for rep in range(a.reps):
+        with tempfile.TemporaryDirectory() as d:
+            p, url = start(a.model, a.ram, 4, d)
+            try:
+                msgs = first_turn(url, a.words, rep)
+            finally:
+                stop(p)
+            p, url = start(a.model, a.ram, 4, d)
+            try:
+                disk.append(second_turn(url, msgs))
+            finally:
+                stop(p)
+        p, url = start(a.model, a.ram, 4)
+        try:
+            cold.append(second_turn(url, msgs))
+        finally:
+            stop(p)
+    report("after a restart, prompt cache on disk", disk)
+    report("after a restart, RAM cache only (cold)", cold)
+    ratio = statistics.median(r[0] for r in cold) / statistics.median(r[0] for r in disk)
+    print(f"ratio cold/disk TTFT: {ratio:.1f}x")
 
 
 def main() -> None:
@@ -115,20 +171,18 @@ def main() -> None:
     ap.add_argument("--ram", default="8")
     ap.add_argument("--words", type=int, default=900)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--restart", action="store_true", help="the prompt cache on disk")
     a = ap.parse_args()
+    if a.restart:
+        restarts(a)
+        return
     for cache in (4, 0):
         p, url = start(a.model, a.ram, cache)
         try:
             runs = [conversation(url, a.words, r) for r in range(a.reps)]
         finally:
-            p.terminate()
-            p.wait(60)
-        ttfts = [r[0] for r in runs]
-        print(
-            f"prompt cache {'on ' if cache else 'off'}: turn-2 prompt {runs[0][1]} tokens, "
-            f"cached {[r[2] for r in runs]}, TTFT median {statistics.median(ttfts):.2f} s "
-            f"(runs {', '.join(f'{t:.2f}' for t in ttfts)})"
-        )
+            stop(p)
+        report(f"prompt cache {'on ' if cache else 'off'}", runs)
 
 
 if __name__ == "__main__":
