@@ -16,6 +16,7 @@ pub mod probe;
 mod python;
 pub mod report;
 pub mod scratch;
+pub mod speculate;
 pub mod store;
 pub mod tuning;
 

@@ -1,0 +1,299 @@
+//! When drafting pays: a cost model from measured pass times and the drafter's running
+//! acceptance, which picks how many drafted tokens to verify each step (0: a plain step).
+//!
+//! A pass that feeds `m` tokens costs `t(m)`; a plain decode step is `t(1)`. Verifying `k`
+//! drafts feeds `k + 1` tokens (the pending one and the drafts) and yields, when each draft
+//! is right with probability `a` independently, `1 + a + a² + … + a^k` tokens on average
+//! (the tokens accepted, then the one sampled where the first draft failed, or after the
+//! last). Drafting `k` pays when that many tokens per `t(k + 1)` beat one per `t(1)`.
+//!
+//! `t(m)` is the median-like running average of measured passes of `m` tokens; before a pass
+//! of `m` tokens was measured it is predicted as `t(1) + (m - 1) · δ`, with `δ` the extra
+//! cost of one more token: the model's own figure for it (`Prior`, from the store's live
+//! numbers: compute per token, and the expert reads a token adds at the measured hit rate and
+//! read speed), or a line through the passes measured so far. The acceptance starts from a
+//! prior of one half worth two observations and then follows the drafter (each verify
+//! counts its accepted drafts as successes and the first rejected one as a failure; older
+//! observations decay). Where drafting is predicted to lose, only an occasional probe (one
+//! draft) keeps the acceptance current, which bounds what a drafter that is never right costs.
+
+/// Most drafts verified in one pass.
+pub const K_MAX: usize = 6;
+/// A draft must be predicted to gain at least this much (a fraction of the plain step's
+/// speed) to be verified: noise in the measured times must not make drafting lose.
+const MARGIN: f64 = 0.03;
+/// While drafting is predicted to lose, one opportunity in this many verifies a single draft.
+const PROBE_EVERY: u32 = 64;
+/// Weight of the newest pass time in its running average, and of an acceptance observation.
+const TIME_WEIGHT: f64 = 0.2;
+const ACCEPT_DECAY: f64 = 0.97;
+
+/// What the model predicts the `(m+1)`-th token of a pass adds, in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Prior {
+    /// Compute and memory traffic of one more token with every weight at hand.
+    pub per_token_s: f64,
+    /// Expert reads one more token causes (its routed experts not already read by the pass,
+    /// times the miss rate, times the measured read time per expert).
+    pub reads_s: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    /// Running average of measured pass times by tokens fed (index m; 0 unused).
+    t: [Option<f64>; K_MAX + 2],
+    prior: Option<Prior>,
+    /// Acceptance observations (decayed): successes and trials.
+    succ: f64,
+    trials: f64,
+    since_probe: u32,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            t: [None; K_MAX + 2],
+            prior: None,
+            succ: 1.0,
+            trials: 2.0,
+            since_probe: 0,
+        }
+    }
+}
+
+/// The tokens a verify of `k` drafts yields on average at acceptance `a`.
+pub fn expected_tokens(a: f64, k: usize) -> f64 {
+    let mut e = 0.0;
+    let mut p = 1.0;
+    for _ in 0..=k {
+        e += p;
+        p *= a;
+    }
+    e
+}
+
+impl CostModel {
+    pub fn new() -> CostModel {
+        CostModel::default()
+    }
+
+    /// Sets the model's prediction of what one more token costs.
+    pub fn set_prior(&mut self, p: Prior) {
+        self.prior = Some(p);
+    }
+
+    /// Records a pass that fed `m` tokens and took `secs`.
+    pub fn observe_pass(&mut self, m: usize, secs: f64) {
+        if m == 0 || m >= self.t.len() || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        self.t[m] = Some(match self.t[m] {
+            None => secs,
+            Some(old) => old + TIME_WEIGHT * (secs - old),
+        });
+    }
+
+    /// Records a verify of `k` drafts of which the first `accepted` were right.
+    pub fn observe_verify(&mut self, k: usize, accepted: usize) {
+        if k == 0 {
+            return;
+        }
+        let accepted = accepted.min(k);
+        self.succ = self.succ * ACCEPT_DECAY + accepted as f64;
+        self.trials =
+            self.trials * ACCEPT_DECAY + accepted as f64 + f64::from(u8::from(accepted < k));
+    }
+
+    /// The running estimate of the probability that a draft is right.
+    pub fn acceptance(&self) -> f64 {
+        if self.trials <= 0.0 {
+            0.0
+        } else {
+            (self.succ / self.trials).clamp(0.0, 1.0)
+        }
+    }
+
+    /// The cost of a pass of `m` tokens: measured, else predicted; None before a plain step
+    /// was measured.
+    pub fn pass_time(&self, m: usize) -> Option<f64> {
+        if m == 0 || m >= self.t.len() {
+            return None;
+        }
+        if let Some(t) = self.t[m] {
+            return Some(t);
+        }
+        let t1 = self.t[1]?;
+        Some(t1 + (m - 1) as f64 * self.per_extra_token(t1))
+    }
+
+    /// What one more token adds to a pass: a line through the measured passes when there
+    /// are two or more, else the prior, else (nothing known) as much as a plain step.
+    fn per_extra_token(&self, t1: f64) -> f64 {
+        let pts: Vec<(f64, f64)> = self
+            .t
+            .iter()
+            .enumerate()
+            .filter_map(|(m, t)| t.map(|t| (m as f64, t)))
+            .collect();
+        if pts.len() >= 2 {
+            let n = pts.len() as f64;
+            let mx = pts.iter().map(|p| p.0).sum::<f64>() / n;
+            let my = pts.iter().map(|p| p.1).sum::<f64>() / n;
+            let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+            let sxx: f64 = pts.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+            if sxx > 0.0 {
+                return (sxy / sxx).max(0.0);
+            }
+        }
+        match self.prior {
+            Some(p) => (p.per_token_s + p.reads_s).max(0.0),
+            None => t1,
+        }
+    }
+
+    /// The predicted speed-up of verifying `k` drafts over plain steps (1.0 for k = 0).
+    pub fn gain(&self, k: usize) -> Option<f64> {
+        let t1 = self.pass_time(1)?;
+        let tk = self.pass_time(k + 1)?;
+        Some(expected_tokens(self.acceptance(), k) / tk * t1)
+    }
+
+    /// How many of `available` drafted tokens to verify: the `k` with the best predicted
+    /// gain when it beats a plain step by the margin; otherwise 0, except for an occasional
+    /// one-draft probe (which keeps the acceptance and `t(2)` measured).
+    pub fn choose(&mut self, available: usize) -> usize {
+        let available = available.min(K_MAX);
+        if available == 0 || self.pass_time(1).is_none() {
+            return 0;
+        }
+        let mut best = (1.0 + MARGIN, 0);
+        for k in 1..=available {
+            if let Some(g) = self.gain(k) {
+                if g > best.0 {
+                    best = (g, k);
+                }
+            }
+        }
+        if best.1 > 0 {
+            self.since_probe = 0;
+            return best.1;
+        }
+        self.since_probe += 1;
+        if self.since_probe >= PROBE_EVERY {
+            self.since_probe = 0;
+            return 1;
+        }
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(t: &[(usize, f64)]) -> CostModel {
+        let mut c = CostModel::new();
+        for &(m, s) in t {
+            c.observe_pass(m, s);
+        }
+        c
+    }
+
+    #[test]
+    fn expected_tokens_is_the_geometric_sum() {
+        assert_eq!(expected_tokens(0.0, 4), 1.0);
+        assert_eq!(expected_tokens(1.0, 4), 5.0);
+        assert!((expected_tokens(0.5, 2) - 1.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn nothing_is_drafted_before_a_plain_step_was_measured() {
+        let mut c = CostModel::new();
+        assert_eq!(c.choose(4), 0);
+        c.observe_pass(1, 1.0);
+        assert!(c.pass_time(1).is_some());
+    }
+
+    #[test]
+    fn cheap_passes_and_good_drafts_verify_many() {
+        // passes barely cost more per token (experts in RAM, dense reads dominate)
+        let mut c = measured(&[(1, 1.0), (2, 1.05), (3, 1.1), (5, 1.2)]);
+        for _ in 0..50 {
+            c.observe_verify(4, 4);
+        }
+        assert!(c.acceptance() > 0.9);
+        assert_eq!(c.choose(4), 4);
+        assert_eq!(c.choose(2), 2); // only what is available
+    }
+
+    #[test]
+    fn expensive_passes_or_bad_drafts_verify_none() {
+        // every token costs a plain step's time (experts streamed from disk)
+        let mut c = measured(&[(1, 1.0), (2, 2.0), (3, 3.0)]);
+        for _ in 0..50 {
+            c.observe_verify(2, 2);
+        }
+        assert_eq!(
+            c.choose(4),
+            0,
+            "a pass of k+1 tokens costs k+1 steps: never a gain"
+        );
+        // cheap passes but drafts that are never right
+        let mut c = measured(&[(1, 1.0), (2, 1.05), (3, 1.1)]);
+        for _ in 0..50 {
+            c.observe_verify(2, 0);
+        }
+        assert!(c.acceptance() < 0.05);
+        assert_eq!(c.choose(4), 0);
+    }
+
+    #[test]
+    fn a_losing_drafter_is_probed_rarely() {
+        let mut c = measured(&[(1, 1.0), (2, 1.05)]);
+        for _ in 0..50 {
+            c.observe_verify(1, 0);
+        }
+        let picks: Vec<usize> = (0..(PROBE_EVERY as usize * 3))
+            .map(|_| c.choose(4))
+            .collect();
+        assert_eq!(picks.iter().filter(|&&k| k > 0).count(), 3);
+        assert!(picks.iter().all(|&k| k <= 1));
+    }
+
+    #[test]
+    fn unmeasured_pass_sizes_follow_the_prior_then_the_measured_line() {
+        let mut c = measured(&[(1, 1.0)]);
+        // no prior: one more token is assumed to cost a whole step (never optimistic)
+        assert_eq!(c.pass_time(3), Some(3.0));
+        c.set_prior(Prior {
+            per_token_s: 0.01,
+            reads_s: 0.04,
+        });
+        assert!((c.pass_time(3).unwrap() - 1.1).abs() < 1e-12);
+        // two measured sizes: their line, not the prior
+        c.observe_pass(3, 1.4);
+        assert!((c.pass_time(2).unwrap() - 1.2).abs() < 1e-12);
+        assert!((c.pass_time(5).unwrap() - 1.8).abs() < 1e-12);
+    }
+
+    #[test]
+    fn acceptance_counts_the_first_rejection_only() {
+        let mut c = CostModel::new();
+        c.succ = 0.0;
+        c.trials = 0.0;
+        c.observe_verify(4, 2); // 2 right, then 1 wrong; the 4th was never judged
+        assert!((c.acceptance() - 2.0 / 3.0).abs() < 1e-12);
+        c.observe_verify(3, 3); // all right, no failure
+        assert!(c.acceptance() > 2.0 / 3.0);
+    }
+
+    #[test]
+    fn odd_measurements_are_ignored() {
+        let mut c = CostModel::new();
+        c.observe_pass(0, 1.0);
+        c.observe_pass(1, f64::NAN);
+        c.observe_pass(1, -1.0);
+        c.observe_pass(K_MAX + 5, 1.0);
+        assert_eq!(c.pass_time(1), None);
+    }
+}
