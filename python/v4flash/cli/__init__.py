@@ -21,7 +21,7 @@ from ..doctor import thread_warning
 from ..hub.releases import HubError
 from .bench import cmd_bench
 from .chat import cmd_chat
-from .common import CliError
+from .common import CliError, print_error
 from .info import cmd_download, cmd_info
 from .options import parser
 from .run import cmd_run
@@ -69,12 +69,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "bench":
             return cmd_bench(args)
     except (CliError, HubError) as e:
-        print(f"v4flash: error: {e}", file=sys.stderr)
+        print_error(str(e))
         return e.code
     except KeyboardInterrupt:
         print("\nv4flash: interrupted", file=sys.stderr)
         return 130
     except (OSError, ValueError, MemoryError, RuntimeError, V4FlashError) as e:
-        print(f"v4flash: error: {e}", file=sys.stderr)  # one line, no traceback
+        print_error(str(e))  # one line (wrapped on a terminal), no traceback
         return 1
     return 2

@@ -68,7 +68,13 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         help="checkpoint folder, or a Hugging Face repo id found in the local cache "
         f"({REPO_ID}) (default: the tiny demo)",
     )
-    g.add_argument("--ram", type=_positive_float, metavar="GB", help="RAM budget in GB")
+    g.add_argument(
+        "--ram",
+        type=_positive_float,
+        metavar="GB",
+        help="RAM budget for the whole process in GB (default: the memory available at the "
+        "start, less a tenth of it, at least 1 GB)",
+    )
     g.add_argument(
         "--expert-cache-mb",
         type=_positive_float,
@@ -124,7 +130,8 @@ def _generation_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
         type=_positive_int,
         default=max_tokens,
         metavar="N",
-        help=f"tokens to generate per answer (default {max_tokens})",
+        help=f"tokens to generate per answer (default {max_tokens}; serve's is 4096, for API "
+        "clients that set none, often agents that write long answers)",
     )
     g.add_argument(
         "--temperature",
@@ -167,8 +174,8 @@ def _output_options(p: argparse.ArgumentParser) -> None:
         "-q",
         "--quiet",
         action="store_true",
-        help="no plan, loading or per-answer status lines on stderr (errors, warnings and the "
-        "demo notice stay)",
+        help="no plan, loading, demo notice or per-answer status lines on stderr (errors and "
+        "warnings stay)",
     )
 
 
@@ -298,7 +305,8 @@ def parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=4096,
         metavar="N",
-        help="answer length when a request sets no max_tokens (4096)",
+        help="answer length when a request sets no max_tokens (4096, more than chat and run's "
+        "1024: API clients, agents above all, rarely set it and their answers run long)",
     )
     g.add_argument(
         "--prompt-cache",
@@ -340,7 +348,7 @@ def parser() -> argparse.ArgumentParser:
         ("info", "describe a checkpoint (validated, no weights loaded) and the memory plan"),
         ("doctor", "check a checkpoint file by file and the machine, say what is wrong"),
     ):
-        q = sub.add_parser(name, help=text)
+        q = sub.add_parser(name, help=text, description=_DESCRIPTIONS[name])
         _model_options(q)
         q.add_argument(
             "-c", "--ctx", type=_positive_int, metavar="TOKENS", help="context length for the plan"
@@ -361,6 +369,11 @@ def parser() -> argparse.ArgumentParser:
                 help="also hash every file and compare with the sha256 the Hugging Face hub "
                 "published (reads the whole checkpoint once)",
             )
+            q.add_argument(
+                "--strict",
+                action="store_true",
+                help="exit 1 when a check warns (a warning alone exits 0)",
+            )
 
     dl = sub.add_parser(
         "download",
@@ -379,6 +392,11 @@ def parser() -> argparse.ArgumentParser:
     dl.add_argument(
         "--no-verify", action="store_true", help="skip hashing the files after the download"
     )
+    dl.add_argument(
+        "--force",
+        action="store_true",
+        help="start even when the disk looks too small for what is left to download",
+    )
 
     bench = sub.add_parser(
         "bench",
@@ -391,3 +409,16 @@ def parser() -> argparse.ArgumentParser:
     _engine_options(bench)
     _bench_options(bench)
     return p
+
+
+_DESCRIPTIONS = {
+    "info": "Describes a checkpoint without loading any weights: config.json and every shard "
+    "header checked, the tensors and their sizes, the drafter, then the memory plan at --ram "
+    "and --ctx. Exits 1 when the checkpoint is not usable.",
+    "doctor": "Checks a checkpoint file by file (config, index, shard headers, every tensor's "
+    "dtype and shape, the tokenizer; --verify: every file's sha256 against the Hugging Face "
+    "hub's), then the machine (cores against --threads, free RAM against --ram, huge pages, "
+    "the checkpoint disk's direct-read speed, io_uring, memory bandwidth) and the decode speed "
+    "to expect. Exits 1 on a failed check; a warning is named in the summary (and exits 1 "
+    "with --strict).",
+}
