@@ -20,6 +20,13 @@ from v4flash.tokenizer import load_tokenizer
 GREEDY = ["--temperature", "0"]
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path, monkeypatch):
+    """What v4flash remembers (used checkpoints, servers, chat history) goes to a folder of
+    the test's own, not the home of whoever runs the tests."""
+    monkeypatch.setenv("V4FLASH_HOME", str(tmp_path / "v4flash-home"))
+
+
 def messages(*lines):
     """The messages MessageReader makes of these raw lines (as read_line hands them over)."""
     it = iter(lines)

@@ -21,6 +21,13 @@ from v4flash.tokenizer import encode_prompt_ids, load_tokenizer
 GREEDY = ["--temperature", "0"]
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path, monkeypatch):
+    """What v4flash remembers (used checkpoints, servers, chat history) goes to a folder of
+    the test's own, not the home of whoever runs the tests."""
+    monkeypatch.setenv("V4FLASH_HOME", str(tmp_path / "v4flash-home"))
+
+
 def assert_clean_error(p, *fragments):
     assert p.returncode != 0
     assert "Traceback" not in p.stderr, p.stderr

@@ -32,6 +32,13 @@ TINY_TOTAL = 5310484  # its index's metadata.total_size
 SHARD = "model-00002-of-00002.safetensors"
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path, monkeypatch):
+    """What v4flash remembers (used checkpoints, servers, chat history) goes to a folder of
+    the test's own, not the home of whoever runs the tests."""
+    monkeypatch.setenv("V4FLASH_HOME", str(tmp_path / "v4flash-home"))
+
+
 def clean_error(p, *fragments):
     assert p.returncode != 0
     assert "Traceback" not in p.stderr, p.stderr

@@ -1,5 +1,5 @@
 """The ``v4flash`` command line: ``chat``, ``run``, ``serve``, ``info``, ``doctor``, ``bench``,
-``download``.
+``download``, ``list``, ``ps``.
 
 Everything the user asked for goes to stdout (answers, reports); the one-line plan, loading
 progress and notices go to stderr, so ``v4flash run ... > answer.txt`` stays clean. Errors are
@@ -7,8 +7,8 @@ one line on stderr (``v4flash: error: ...``) with a non-zero exit code, never a 
 
 
 One module per command (``run``, ``chat``, ``serve``, ``info`` for info/doctor/download,
-``bench``), the parser in ``options``, what they share in ``common``. Nothing in v4flash
-imports this package but ``__main__``.
+``bench``, ``listing`` for list, ``ps``), the parser in ``options``, what they share in
+``common``. Nothing in v4flash imports this package but ``__main__``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from .bench import cmd_bench
 from .chat import cmd_chat
 from .common import CliError, print_error
 from .info import cmd_download, cmd_info
+from .listing import cmd_list
 from .options import parser
+from .ps import cmd_ps
 from .run import cmd_run
 from .serve import cmd_serve
 
@@ -68,6 +70,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_serve(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command in ("list", "ls"):
+            return cmd_list(args)
+        if args.command in ("ps", "status"):
+            return cmd_ps(args)
     except (CliError, HubError) as e:
         print_error(str(e))
         return e.code

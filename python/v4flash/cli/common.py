@@ -1,7 +1,7 @@
 """What the commands share: the one-line error (:class:`CliError`) and how errors and notes
 fit a terminal (wrapped at word boundaries, never mid-word), the stderr console, the
 checkpoint a command runs on (``--model``: a folder or a repo id in the Hugging Face cache, else
-the demo), and loading it (what is read, how much of it, how
+the demo), remembered for ``v4flash list``, and loading it (what is read, how much of it, how
 long) with the plan line on stderr."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, TextIO, Tuple
 
+from .. import state
 from ..doctor import plan_line, plan_table
 from ..hub.locate import locate
 from ..hub.releases import HubError
-from ..termtext import terminal_width, wrap  # noqa: F401 (the commands' names)
+from ..termtext import columns, terminal_width, wrap  # noqa: F401 (the commands' names)
 from ..units import gb
 
 
@@ -73,6 +74,14 @@ def resolve_model(args: argparse.Namespace) -> Tuple[Path, bool]:
     if not getattr(args, "quiet", False):
         note(DEMO_NOTICE)
     return d, True
+
+
+def remember(path: Path, args: argparse.Namespace) -> None:
+    """Notes the checkpoint a command used, for ``v4flash list`` (not the demo)."""
+    from ..demo import is_demo
+
+    if not is_demo(path):
+        state.remember_checkpoint(path, getattr(args, "model_repo", None))
 
 
 def _bytes_read() -> Optional[int]:
@@ -176,6 +185,7 @@ def load_model(args: argparse.Namespace, path: Path):
             pass
     with LoadProgress(err if not quiet else None, path, dense) as progress:
         model = v4flash.load(path, **kw)
+    remember(path, args)
     if not quiet:
         plan = model.plan()
         note(plan_line(plan, model.threads, model.numerics), prefix="")
@@ -191,3 +201,29 @@ def load_model(args: argparse.Namespace, path: Path):
             )
         print(progress.done_line(), file=sys.stderr)
     return model, tok
+
+
+def ago(seconds: Optional[float]) -> str:
+    """``just now``, ``5 min ago``, ``3 h ago``, ``2 days ago``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 60:
+        return "just now"
+    if s < 3600:
+        return f"{s / 60:.0f} min ago"
+    if s < 86400 * 2:
+        return f"{s / 3600:.0f} h ago"
+    return f"{s / 86400:.0f} days ago"
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3 h 05 min``, ``2 days 4 h``."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} days {s % 86400 // 3600} h"

@@ -2,7 +2,8 @@
 or checked file by file without loading any weights, the machine checked (``doctor``), every
 file hashed against the hub's published hashes (``doctor --verify``), then the memory plan.
 The inspection is ``doctor``'s; this module only renders it, wrapped at word boundaries on a
-terminal."""
+terminal. A checkpoint that checks out is remembered for ``list``, and what ``--verify`` found
+with it."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import argparse
 import os
 from pathlib import Path
 
-from .. import __version__, kernel_tier
+from .. import __version__, kernel_tier, state
 from ..doctor import Inspection, inspect_checkpoint, machine_checks, plan_summary, plan_table
 from ..hub.fetch import download
 from ..hub.hashes import incomplete_downloads, published_hashes, verify, verify_checks
 from ..hub.releases import HubError, download_command, release_repo
 from ..units import gb, plural
-from .common import CliError, err_console, print_error, resolve_model, wrap
+from .common import CliError, err_console, print_error, remember, resolve_model, wrap
 
 
 def out_console():
@@ -75,6 +76,7 @@ def cmd_info(args: argparse.Namespace, doctor: bool) -> int:
         more = f" (+{len(probs) - 1} more problems, see above)" if len(probs) > 1 else ""
         print_error(f"{path} is not a usable checkpoint: {what}: {detail}{more}")
         return 1
+    remember(path, args)
     try:
         plan = plan_summary(path, args.ram, ctx=args.ctx, expert_cache_mb=args.expert_cache_mb)
     except (ValueError, MemoryError) as e:
@@ -156,6 +158,10 @@ def _verify_rows(path: Path) -> list:
             v = verify(path, progress, hashes)
     else:
         v = verify(path, None, hashes)
+    if hashes.files:  # for list: "verified" while the files stay those hashed
+        state.record_verification(
+            path, v.ok, len(hashes.files), v.bytes_read, hashes.repo_id or None
+        )
     rows = verify_checks(v, path)
     left = incomplete_downloads(path)
     if left:
@@ -189,6 +195,7 @@ def cmd_download(args: argparse.Namespace) -> int:
         more = f" (+{len(ins.problems) - 1} more, see above)" if len(ins.problems) > 1 else ""
         print_error(f"the download of {args.repo} is not usable: {what}: {detail}{more}")
         return 1
+    state.remember_checkpoint(folder, None if args.dir else args.repo)
     model = args.dir if args.dir else args.repo
     out.print(f"ready: v4flash chat --model {model}", markup=False)
     return 0

@@ -408,6 +408,7 @@ def parser() -> argparse.ArgumentParser:
     _model_options(bench)
     _engine_options(bench)
     _bench_options(bench)
+    _manage_commands(sub)
     return p
 
 
@@ -422,3 +423,28 @@ _DESCRIPTIONS = {
     "to expect. Exits 1 on a failed check; a warning is named in the summary (and exits 1 "
     "with --strict).",
 }
+
+
+def _manage_commands(sub) -> None:
+    """``list`` and ``ps``: what is on this machine."""
+    ls = sub.add_parser(
+        "list",
+        aliases=["ls"],
+        help="the checkpoints on this machine: size, release, whether they check out",
+        description="Lists the checkpoints in the Hugging Face cache and the folders v4flash "
+        "has used (remembered in its state folder, $V4FLASH_HOME), with their size, release "
+        "(the first one, with an MTP block, or 0731, with DSpark) and a check of their headers "
+        '(no weights read); "verified" when doctor --verify (or download) hashed every file '
+        "and nothing changed since.",
+    )
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ps = sub.add_parser(
+        "ps",
+        aliases=["status"],
+        help="the v4flash servers running on this machine and what they are doing",
+        description="Lists the running v4flash serve processes of this machine (each registers "
+        "itself in the state folder, $V4FLASH_HOME, while it runs): address, model, whether it "
+        "is loading, busy or idle, queued requests, the prompt cache (from its /health), "
+        "memory in use and uptime.",
+    )
+    ps.add_argument("--json", action="store_true", help="machine-readable output")
