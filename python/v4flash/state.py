@@ -3,7 +3,10 @@
 this machine (``v4flash ps``).
 
 Where: ``$V4FLASH_HOME`` when set, else ``$XDG_STATE_HOME/v4flash`` (``~/.local/state/v4flash``;
-on Windows ``%LOCALAPPDATA%\\v4flash``).
+on Windows ``%LOCALAPPDATA%\\v4flash``). The defaults file (``cli.defaults``) is
+``$V4FLASH_CONFIG``, else ``$V4FLASH_HOME/config.toml``, else
+``$XDG_CONFIG_HOME/v4flash/config.toml`` (``~/.config/v4flash/config.toml``; on Windows
+``%APPDATA%\\v4flash\\config.toml``).
 
 Nothing here may make a command fail: a folder that cannot be written (a read-only home) means
 nothing is remembered, and a damaged file is read as empty. Files are replaced whole (write, then
@@ -37,6 +40,20 @@ def home() -> Path:
         return Path(base) / "v4flash"
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(base) / "v4flash"
+
+
+def config_file() -> Path:
+    """The defaults file (it need not exist)."""
+    v = os.environ.get("V4FLASH_CONFIG")
+    if v:
+        return Path(v).expanduser()
+    if os.environ.get("V4FLASH_HOME"):
+        return home() / "config.toml"
+    if os.name == "nt":
+        base = os.environ.get("APPDATA") or os.path.expanduser("~/AppData/Roaming")
+    else:
+        base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "v4flash" / "config.toml"
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 from .. import NUMERICS, __version__
 from ..hub.releases import REPO_ID
 from ..model import sample_params
+from .parsing import Parser
 
 
 def _checked(convert, what: str, ok=None, want: str = ""):
@@ -227,7 +228,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="v4flash",
         description="Run DeepSeek V4 Flash on the CPU, streaming experts from disk.",
         epilog="Without --model the commands use a tiny demo model (not DeepSeek).",
@@ -426,7 +427,7 @@ _DESCRIPTIONS = {
 
 
 def _manage_commands(sub) -> None:
-    """``list`` and ``ps``: what is on this machine."""
+    """``list``, ``ps`` and ``completion``: what is on this machine, and the shell's help."""
     ls = sub.add_parser(
         "list",
         aliases=["ls"],
@@ -448,3 +449,12 @@ def _manage_commands(sub) -> None:
         "memory in use and uptime.",
     )
     ps.add_argument("--json", action="store_true", help="machine-readable output")
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Prints a completion script for the shell. bash: "
+        'eval "$(v4flash completion bash)" in ~/.bashrc; zsh: '
+        'eval "$(v4flash completion zsh)" in ~/.zshrc; fish: '
+        "v4flash completion fish > ~/.config/fish/completions/v4flash.fish",
+    )
+    comp.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")
