@@ -1,16 +1,19 @@
-"""The command line in a real terminal (tmux): at 60 columns nothing is broken mid-word
-(issue 49, section 2: friction 5).
+"""The command line in a real terminal (tmux): the chat's prompt survives readline's redraws
+(Ctrl-L, the history, a pasted block), the input history is kept between sessions, and at 60
+columns nothing is broken mid-word (issue 49, section 2: frictions 4 and 5).
 
 tmux tells which screen lines the terminal itself wrapped (``capture-pane -J`` joins them):
 a program that wraps its own lines at word boundaries leaves none."""
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +112,77 @@ def term():
         t.close()
 
 
+def chat_args():
+    return ["chat", "-m", TINY, "--temperature", "0", "-n", "4"]
+
+
+def prompts(text):
+    return text.count("you ›")
+
+
+def last_line_with(text, what):
+    return [x for x in text.splitlines() if what in x][-1]
+
+
+# --- the prompt is readline's (friction 4) ----------------------------------------------------
+
+
+def test_ctrl_l_and_the_history_redraw_the_prompt(term, env):
+    t = term(*chat_args(), env=env)
+    t.wait(lambda s: prompts(s) >= 1, what="the prompt")
+    t.type("first question")
+    t.keys("Enter")
+    t.wait(lambda s: prompts(s) >= 2 and "tok/s" in s, what="the answer")
+    t.keys("Up")  # the history: readline redraws the line, the prompt with it
+    t.wait(lambda s: s.rstrip().splitlines()[-1] == "you › first question", 5, "history")
+    t.keys("C-u")
+    t.type("draft")
+    t.keys("C-l")  # clear the screen: readline draws the prompt and the line again
+    screen = t.wait(lambda s: "draft" in t.visible(), 10, "the redraw")
+    first = t.visible().splitlines()[0]
+    assert first == "you › draft", (first, screen)
+    t.keys("C-u", "C-d")
+    t.wait_exit()
+
+
+def test_a_pasted_block_keeps_the_prompt(term, env):
+    t = term(*chat_args(), env=env)
+    t.wait(lambda s: prompts(s) >= 1, what="the prompt")
+    # a paste as the terminal sends it once bracketed-paste mode is on
+    t.tmux("set-buffer", "First line of paste\nsecond line of paste")
+    t.tmux("paste-buffer", "-p", "-t", "0")
+    t.wait(lambda s: "second line of paste" in s, 10, "the paste")
+    # an edit at its start makes readline redraw the whole block: the prompt was erased and
+    # the screen showed "XFirst line of paste paste" (the old line's tail)
+    t.keys("C-a")
+    t.type("X")
+    screen = t.wait(lambda s: "XFirst" in s, 10, "the edit")
+    assert "you › XFirst line of paste\nsecond line of paste" in screen, screen
+    assert "paste paste" not in screen
+    t.keys("Enter")
+    t.wait(lambda s: "tok/s" in s, what="the answer")
+    t.keys("C-d")
+    t.wait_exit()
+
+
+def test_the_input_history_is_kept_between_sessions(term, env):
+    t = term(*chat_args(), env=env)
+    t.wait(lambda s: prompts(s) >= 1, what="the prompt")
+    t.type("remember me")
+    t.keys("Enter")
+    t.wait(lambda s: prompts(s) >= 2 and "tok/s" in s, what="the answer")
+    t.keys("C-d")
+    t.wait_exit()
+    history = Path(env["V4FLASH_HOME"]) / "chat_history"
+    assert "remember me" in history.read_text()
+    t2 = term(*chat_args(), env=env)
+    t2.wait(lambda s: prompts(s) >= 1, what="the prompt")
+    t2.keys("Up")
+    t2.wait(lambda s: "you › remember me" in s, 10, "the previous session's line")
+    t2.keys("C-u", "C-d")
+    t2.wait_exit()
+
+
 # --- 60 columns (friction 5) --------------------------------------------------------------------
 
 
@@ -142,3 +216,25 @@ def test_narrow_terminal_gets_whole_words(term, env, args):
         assert_no_word_split(t)
     if args[0] == "doctor":
         assert "all checks passed" not in screen and "warnings:" in screen
+
+
+def test_stats_at_60_columns(term, env):
+    t = term(*chat_args(), env=env, width=60)
+    t.wait(lambda s: prompts(s) >= 1, what="the prompt")
+    t.type("Hello there")
+    t.keys("Enter")
+    t.wait(lambda s: prompts(s) >= 2 and "tok/s" in s, what="the answer")
+    t.type("/stats")
+    t.keys("Enter")
+    screen = t.wait(lambda s: "engine: prefill" in s and prompts(s) >= 3, what="/stats")
+    stats = screen[screen.rindex("/stats") :]
+    assert "…" not in stats, stats
+    turn = last_line_with(stats, "#1 chat")
+    assert turn.startswith("  #1 chat · prompt"), stats
+    words = " ".join(stats.split())
+    assert re.search(r"TTFT \d+\.\d\ds · hit \d+%", words), stats
+    t.keys("C-d")
+    t.wait_exit()
+    # the /stats lines were wrapped by the program at word boundaries, not by the terminal
+    joined = t.screen(joined=True)
+    assert joined[joined.rindex("/stats") :] == t.screen()[t.screen().rindex("/stats") :]

@@ -1,6 +1,6 @@
 """What the command line remembers between runs, in one small folder: the checkpoints used
-(``v4flash list``) and what ``doctor --verify`` found about them, and the servers running on
-this machine (``v4flash ps``).
+(``v4flash list``) and what ``doctor --verify`` found about them, the servers running on this
+machine (``v4flash ps``), and the chat's input history.
 
 Where: ``$V4FLASH_HOME`` when set, else ``$XDG_STATE_HOME/v4flash`` (``~/.local/state/v4flash``;
 on Windows ``%LOCALAPPDATA%\\v4flash``). The defaults file (``cli.defaults``) is
@@ -28,6 +28,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 STATE_VERSION = 1
 CHECKPOINTS = "checkpoints.json"  # {"version", "checkpoints": {abs path: {...}}}
 SERVERS = "servers"  # one PID.json per running `v4flash serve`
+HISTORY = "chat_history"  # readline's history file
+HISTORY_LENGTH = 1000
 
 
 def home() -> Path:
@@ -54,6 +56,10 @@ def config_file() -> Path:
     else:
         base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
     return Path(base) / "v4flash" / "config.toml"
+
+
+def history_file() -> Path:
+    return home() / HISTORY
 
 
 # --------------------------------------------------------------------------------------------
