@@ -78,3 +78,26 @@ def test_a_resumed_session_shows_the_conversation_so_far(tmp_path):
     shown = p.stdout.split("the conversation so far:")[1]
     assert "  you: Hello there\n" in shown and f"  assistant: {answer}\n" in shown
     assert shown.index("you: Hello there") < shown.index("resumed 2 messages")
+
+
+def test_the_prompt_hides_its_colour_codes_from_readline():
+    from rich.console import Console
+
+    from v4flash.chat.terminal import ChatApp
+
+    def app_on(**console):
+        out = Console(file=io.StringIO(), force_terminal=True, **console)
+        tok = load_tokenizer(TINY)
+        return ChatApp(model_for("tiny-a"), tok, Sampling(), console=out, stdin=io.StringIO())
+
+    app = app_on(color_system="standard")
+    app._readline, app._gnu_readline = object(), True  # GNU readline: \x01 ... \x02
+    assert app.prompt("first") == "\x01\x1b[1;32m\x02you ›\x01\x1b[0m\x02 "
+    assert app.prompt("block") == "\x01\x1b[2m\x02...\x01\x1b[0m\x02 "
+    assert app.prompt("paste") == ""
+    app._gnu_readline = False  # libedit: plain
+    assert app.prompt("first") == "you › "
+    app._readline = None  # no line editing: nothing redraws, colour as is
+    assert app.prompt("first") == "\x1b[1;32myou ›\x1b[0m "
+    assert app_on(color_system="standard", no_color=True).prompt("first") == "you › "
+    assert app_on(color_system=None).prompt("first") == "you › "

@@ -162,7 +162,11 @@ class ChatApp:
         text = {"first": "you ›", "block": "..."}.get(kind)
         if text is None:
             return ""
-        color = self.out.color_system is not None and (self._gnu_readline or not self._readline)
+        color = (
+            self.out.color_system is not None
+            and not self.out.no_color  # NO_COLOR
+            and (self._gnu_readline or not self._readline)
+        )
         if not color:
             return text + " "
         start = "\x1b[1;32m" if kind == "first" else "\x1b[2m"

@@ -31,8 +31,8 @@ def _release(folder: Path) -> Optional[str]:
         summary = _core.validate_config(str(folder / "config.json"))
     except (OSError, ValueError, _core.V4FlashError):
         return None
-    kind = (summary.get("drafter") or {}).get("kind")
-    return RELEASE_OF_DRAFTER.get(kind, kind or "")
+    kind = str((summary.get("drafter") or {}).get("kind") or "")
+    return RELEASE_OF_DRAFTER.get(kind, kind)
 
 
 def _size(folder: Path) -> int:
