@@ -20,6 +20,13 @@ from v4flash.tokenizer import load_tokenizer
 GREEDY = ["--temperature", "0"]
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path, monkeypatch):
+    """What v4flash remembers (used checkpoints, servers, chat history) goes to a folder of
+    the test's own, not the home of whoever runs the tests."""
+    monkeypatch.setenv("V4FLASH_HOME", str(tmp_path / "v4flash-home"))
+
+
 def messages(*lines):
     """The messages MessageReader makes of these raw lines (as read_line hands them over)."""
     it = iter(lines)
@@ -318,23 +325,25 @@ class _TTY:
 
 
 def _scripted_console(lines):
-    """A rich console that is a terminal, writes to a string and reads ``lines``."""
+    """A rich console that is a terminal and writes to a string, and an ``input()`` that
+    writes its prompt there and reads ``lines``."""
     import io
 
     from rich.console import Console
 
-    class Scripted(Console):
-        def input(self, prompt="", **kw):
-            self.print(prompt, end="")
-            if not lines:
-                raise EOFError
-            line = lines.pop(0)
-            self.file.write(line + "\n")  # the terminal's echo
-            return line
-
-    return Scripted(
+    console = Console(
         file=io.StringIO(), force_terminal=True, color_system=None, width=100, highlight=False
     )
+
+    def read(prompt=""):
+        console.file.write(prompt)
+        if not lines:
+            raise EOFError
+        line = lines.pop(0)
+        console.file.write(line + "\n")  # the terminal's echo
+        return line
+
+    return console, read
 
 
 def test_without_readline_the_chat_asks_the_terminal_for_bracketed_paste(monkeypatch):
@@ -342,13 +351,14 @@ def test_without_readline_the_chat_asks_the_terminal_for_bracketed_paste(monkeyp
     from v4flash.chat.terminal import ChatApp
 
     monkeypatch.setitem(sys.modules, "readline", None)  # import readline fails
-    out = _scripted_console([f"{PASTE_START}Hello there", f"What is 2+2?{PASTE_END}"])
+    out, read = _scripted_console([f"{PASTE_START}Hello there", f"What is 2+2?{PASTE_END}"])
     app = ChatApp(
         model_for("tiny-a"),
         load_tokenizer(FIXTURES / "tiny-a"),
         Sampling(temperature=0.0, max_tokens=3),
         stdin=_TTY(),
         console=out,
+        read_input=read,
     )
     assert app.run() == 0
     text = out.file.getvalue()

@@ -32,6 +32,13 @@ TINY_TOTAL = 5310484  # its index's metadata.total_size
 SHARD = "model-00002-of-00002.safetensors"
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path, monkeypatch):
+    """What v4flash remembers (used checkpoints, servers, chat history) goes to a folder of
+    the test's own, not the home of whoever runs the tests."""
+    monkeypatch.setenv("V4FLASH_HOME", str(tmp_path / "v4flash-home"))
+
+
 def clean_error(p, *fragments):
     assert p.returncode != 0
     assert "Traceback" not in p.stderr, p.stderr
@@ -142,6 +149,11 @@ def test_a_repo_not_in_the_cache_says_how_to_get_it(cache, capsys):
         "is free on the disk of",
     )
     assert p.returncode == 2
+    # the error, then what to do, one hint a line (it was one line of 560 characters)
+    first, *hints = p.stderr.splitlines()
+    assert first.startswith("v4flash: error: ") and first.endswith("no folder of that name exists")
+    assert len(hints) == 3 and all(h.startswith("  ") for h in hints), p.stderr
+    assert hints[0] == f"  download it with: v4flash download {REPO} (or: hf download {REPO})"
 
 
 def test_a_repo_not_in_the_cache_on_a_small_disk_says_where_else(cache, capsys, monkeypatch):
@@ -449,26 +461,52 @@ def test_download_defaults_to_deepseek_into_the_cache(cache, capsys, monkeypatch
 
     fake = FakeSnapshot()
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    monkeypatch.setattr(fetch, "free_bytes", lambda path: 1000 * GB)
     p = main_(capsys, "download")
     assert p.returncode == 0, p.stderr
     assert fake.calls == [{"repo_id": releases.REPO_ID}]
     assert f"ready: v4flash chat --model {releases.REPO_ID}" in p.stdout
 
 
-def test_download_warns_when_the_disk_is_too_small(cache, capsys, monkeypatch):
+def test_download_refuses_when_the_disk_is_too_small(cache, capsys, monkeypatch, tmp_path):
     import huggingface_hub
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", FakeSnapshot())
+    fake = FakeSnapshot()
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
     monkeypatch.setattr(fetch, "free_bytes", lambda path: 5 * GB)
+    # issue 49, friction 2: it said the download would fail, then started it
     p = main_(capsys, "download", "--no-verify")
+    clean_error(p, "about 166.9 GB more is needed but only 5.0 GB is free", "--force")
+    assert p.returncode == 1 and fake.calls == [] and p.stderr.count("\n") == 1, p.stderr
+    assert f"v4flash download {releases.REPO_ID} --dir DIR" in p.stderr  # where else to put it
+    # with --dir: another folder, not --dir again
+    p = main_(capsys, "download", "--dir", tmp_path / "d", "--no-verify")
+    clean_error(p, "choose a folder on another disk with room for --dir")
+    assert "--dir DIR" not in p.stderr and fake.calls == []
+    # --force starts anyway, saying so
+    p = main_(capsys, "download", "--no-verify", "--force")
+    assert p.returncode == 0, p.stderr
     assert f"downloading {releases.REPO_ID} into {cache} (about 167 GB)" in p.stderr
     assert "warning: about 166.9 GB more is needed but only 5.0 GB is free" in p.stderr
+    assert "--force given: starting anyway" in p.stderr
     # resuming: the index that is already there gives the size, what is there counts
     monkeypatch.setattr(fetch, "free_bytes", lambda path: 1)
     p = main_(capsys, "download", "--no-verify")
     have = sum(f.stat().st_size for f in TINY.iterdir()) + len(COMMIT)  # blobs + refs/main
     assert f"(5.3 MB, {gb(have)} of it already there)" in p.stderr
     assert "warning" not in p.stderr
+
+
+def test_download_of_an_unknown_repo_claims_no_size(cache, capsys, monkeypatch):
+    import huggingface_hub
+
+    fake = FakeSnapshot()
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    monkeypatch.setattr(fetch, "free_bytes", lambda path: 1)  # no size: nothing to refuse
+    p = main_(capsys, "download", "foo/bar", "--no-verify")
+    assert p.returncode == 0, p.stderr
+    assert "downloading foo/bar into" in p.stderr and "size not known" in p.stderr
+    assert " GB" not in p.stderr.splitlines()[0] and "warning" not in p.stderr
 
 
 def test_download_errors_are_one_line(cache, capsys, monkeypatch):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -42,6 +43,7 @@ from .limits import (  # noqa: F401  (bench's names since before limits.py)
     real_model_bytes,
     zipf_hit_rate,
 )
+from .units import plural
 
 PROMPT_TEXT = (
     "DeepSeek V4 Flash is a mixture-of-experts language model. Each token is routed to six of "
@@ -297,7 +299,7 @@ def run_bench(
     res["notes"] = notes
     if not quiet:
         if json_out:
-            print(json.dumps(res, indent=2, default=_json_default))
+            print(to_json(res))
         else:
             print_table(res)
     return res
@@ -307,6 +309,31 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     raise TypeError(type(o).__name__)
+
+
+def _finite(o: Any) -> Any:
+    """``o`` with every infinite or NaN number as None (JSON has neither)."""
+    if isinstance(o, (np.floating, np.integer)):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def to_json(o: Any) -> str:
+    """Valid JSON (``null`` where a figure is infinite or not measured, never ``Infinity``
+    or ``NaN``)."""
+    return json.dumps(_finite(o), indent=2, default=_json_default, allow_nan=False)
+
+
+def _how(text: str) -> str:
+    """How a figure was measured, in words (without the core function's name)."""
+    text = re.sub(r"^_core\.\w+(, )?", "", str(text))
+    return re.sub(r"\b(\d+) thread\(s\)", lambda m: plural(int(m[1]), "thread"), text)
 
 
 def _fmt_bytes(b: float) -> str:
@@ -382,8 +409,11 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
         ("  waiting on reads / token", f"{r['wait_ms_per_token']:.1f} ms"),
         ("  computing / token", f"{r['compute_ms_per_token']:.1f} ms"),
         ("peak RSS", f"{r['peak_rss_gb']:.2f} GB"),
-        ("memory read bandwidth", f"{r['mem_read_gbs']:.1f} GB/s ({r['mem_read_how']})"),
-        ("disk read bandwidth", f"{r['disk_read_gbs']:.2f} GB/s ({r['disk_read_how']})"),
+        (
+            "memory read bandwidth",
+            f"{r['mem_read_gbs']:.1f} GB/s ({_how(r['mem_read_how']) or 'streaming reads'})",
+        ),
+        ("disk read bandwidth", f"{r['disk_read_gbs']:.2f} GB/s ({_how(r['disk_read_how'])})"),
         (
             "dense bytes / token",
             f"{_fmt_bytes(r['dense_bytes_per_token'])}; expert {_fmt_bytes(r['expert_bytes'])}",
@@ -459,7 +489,7 @@ def predict(mem_gbs: Optional[float], mem_gb: float, threads: Optional[int], jso
         mem_gbs, _ = mem_read_gbs(int(mem_gb * (1 << 30)), threads or os.cpu_count())
     rows = predict_table(mem_gbs=mem_gbs)
     if json_out:
-        print(json.dumps(rows, indent=2))
+        print(to_json(rows))
     else:
         print_predict(rows)
     return 0

@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _core, kernel_tier, limits
 from .config import Config
@@ -301,7 +301,8 @@ def machine_checks(
     cores vs ``--threads``, memory vs ``--ram``, huge pages, the direct-read speed of the
     checkpoint's own disk (on ``shard``, its largest file), io_uring and O_DIRECT, memory
     bandwidth, and the decode speed ``bench --predict``'s formula expects for the full model at
-    this ``--ram`` (else ``room_bytes``, the room the planner would take) on this machine."""
+    this ``--ram`` (else ``room_bytes``, the room the planner would take) on this machine, a
+    warning when the rows it rests on warned (threads, memory, disk)."""
     rows: List[Tuple[str, str, str]] = []
     cores = usable_cores()
     rows.append(("ok", "kernels", f"{kernel_tier()} (cpus {os.cpu_count()})"))
@@ -399,19 +400,30 @@ def machine_checks(
     mem = None
     try:
         mem, _ = limits.mem_read_gbs(MEM_PROBE_BYTES, t)
-        rows.append(
-            ("ok", "memory bandwidth", f"{mem:.1f} GB/s streaming reads ({plural(t, 'thread')})")
-        )
+        text = f"{mem:.1f} GB/s streaming reads ({plural(t, 'thread')})"
+        if warn:  # the threads wait for each other: the figure is the overcommit's, not memory's
+            text += (
+                f": measured with more threads than the {plural(cores, 'core')}, so it is "
+                "the oversubscription's figure, not the memory's"
+            )
+        rows.append(("warn" if warn else "ok", "memory bandwidth", text))
     except (MemoryError, ValueError, RuntimeError) as e:
         rows.append(("warn", "memory bandwidth", f"not measured: {e}"))
 
     ram = ram_gb if ram_gb else (room_bytes / GB if room_bytes else None)
     if mem and disk and ram:
-        rows.append(_expected_row(ram, bool(ram_gb), mem, disk))
+        distorted = [what for status, what, _ in rows if status == "warn" and what in DISTORTING]
+        rows.append(_expected_row(ram, bool(ram_gb), mem, disk, distorted))
     return rows
 
 
-def _expected_row(ram: float, given: bool, mem: float, disk: float) -> Tuple[str, str, str]:
+# the machine checks whose warning makes the expected speed unreliable
+DISTORTING = ("cores", "memory", "memory bandwidth", "disk")
+
+
+def _expected_row(
+    ram: float, given: bool, mem: float, disk: float, distorted: Sequence[str] = ()
+) -> Tuple[str, str, str]:
     m = limits.real_model_bytes()
     r = limits.predict_table(ram_gbs=[ram], disk_gbss=[disk], mem_gbs=mem)[0]
     at = f"--ram {ram:g}" if given else f"{ram:.1f} GB (no --ram: the room the planner takes)"
@@ -422,6 +434,13 @@ def _expected_row(ram: float, given: bool, mem: float, disk: float) -> Tuple[str
         f"{mem:.1f} GB/s (the `bench --predict` formula)"
     )
     floor = m["dense_resident_bytes"] + 1.5 * GB
+    if distorted:
+        return (
+            "warn",
+            "expected decode",
+            text + f"; distorted by the warnings above ({', '.join(distorted)}): fix them for "
+            "a figure to rely on",
+        )
     if ram * GB <= floor:
         return (
             "warn",

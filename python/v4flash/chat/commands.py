@@ -158,6 +158,7 @@ def _save_load(app: Any, cmd: str, arg: str) -> None:
             except UnicodeDecodeError as e:
                 raise ValueError(f"not UTF-8 text ({e.reason})") from None
             n = app.conv.load(doc)
+            app.show_conversation()
             app.note(f"loaded {n} messages from {path}")
     except (OSError, ValueError) as e:
         what = "save to" if cmd == "/save" else "load"

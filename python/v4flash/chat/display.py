@@ -13,6 +13,8 @@ PREFILL_CHUNK = 256  # the smallest prefill chunk of the engine (the plan's may 
 
 def status_line(s: Dict[str, Any]) -> str:
     """One line: tokens, speed, time to first token, prefill, expert hit rate."""
+    if s.get("stop") == "cancelled":
+        return "interrupted during the prompt's prefill: nothing generated"
     parts = [f"{s.get('generated_tokens', 0)} tokens"]
     if s.get("decode_tok_s") is not None:
         parts.append(f"{s['decode_tok_s']:.1f} tok/s")

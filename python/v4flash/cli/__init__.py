@@ -1,5 +1,5 @@
 """The ``v4flash`` command line: ``chat``, ``run``, ``serve``, ``info``, ``doctor``, ``bench``,
-``download``.
+``download``, ``list``, ``ps``, ``completion``.
 
 Everything the user asked for goes to stdout (answers, reports); the one-line plan, loading
 progress and notices go to stderr, so ``v4flash run ... > answer.txt`` stays clean. Errors are
@@ -7,8 +7,9 @@ one line on stderr (``v4flash: error: ...``) with a non-zero exit code, never a 
 
 
 One module per command (``run``, ``chat``, ``serve``, ``info`` for info/doctor/download,
-``bench``), the parser in ``options``, what they share in ``common``. Nothing in v4flash
-imports this package but ``__main__``.
+``bench``, ``listing`` for list, ``ps``, ``completion``), the parser in ``options`` (its class
+in ``parsing``, the defaults from the environment and a file in ``defaults``), what they share
+in ``common``. Nothing in v4flash imports this package but ``__main__``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from typing import Optional, Sequence
 from .. import V4FlashError
 from ..doctor import thread_warning
 from ..hub.releases import HubError
+from . import defaults
 from .bench import cmd_bench
 from .chat import cmd_chat
-from .common import CliError
+from .common import CliError, print_error
+from .completion import cmd_completion
 from .info import cmd_download, cmd_info
+from .listing import cmd_list
 from .options import parser
+from .ps import cmd_ps
 from .run import cmd_run
 from .serve import cmd_serve
 
@@ -47,6 +52,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _utf8_streams()
     p = parser()
+    try:
+        defaults.print_warnings(defaults.apply(p))
+    except defaults.FileError as e:
+        print_error(str(e))
+        return 2
     args = p.parse_args(argv)
     if args.command is None:
         p.print_help()
@@ -68,13 +78,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_serve(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command in ("list", "ls"):
+            return cmd_list(args)
+        if args.command in ("ps", "status"):
+            return cmd_ps(args)
+        if args.command == "completion":
+            return cmd_completion(args, p)
     except (CliError, HubError) as e:
-        print(f"v4flash: error: {e}", file=sys.stderr)
+        print_error(str(e))
         return e.code
     except KeyboardInterrupt:
         print("\nv4flash: interrupted", file=sys.stderr)
         return 130
     except (OSError, ValueError, MemoryError, RuntimeError, V4FlashError) as e:
-        print(f"v4flash: error: {e}", file=sys.stderr)  # one line, no traceback
+        print_error(str(e))  # one line (wrapped on a terminal), no traceback
         return 1
     return 2

@@ -8,11 +8,15 @@ import json
 from pathlib import Path
 
 from ..chat.conversation import Sampling
-from ..chat.terminal import ChatApp
-from .common import load_model, resolve_model
+from ..chat.terminal import ChatApp, saved_conversation_problem
+from .common import CliError, load_model, resolve_model
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.session:  # a /save file: said before the model loads
+        problem = saved_conversation_problem(Path(args.session).expanduser())
+        if problem:
+            raise CliError(problem)
     path, demo = resolve_model(args)
     model, tok = load_model(args, path)
     sampling = Sampling(

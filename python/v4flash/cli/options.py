@@ -13,6 +13,7 @@ from .. import NUMERICS, __version__
 from ..hub.releases import REPO_ID
 from ..model import sample_params
 from ..textapi.disk import DEFAULT_MIN_TOKENS
+from .parsing import Parser
 
 
 def _checked(convert, what: str, ok=None, want: str = ""):
@@ -69,7 +70,13 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         help="checkpoint folder, or a Hugging Face repo id found in the local cache "
         f"({REPO_ID}) (default: the tiny demo)",
     )
-    g.add_argument("--ram", type=_positive_float, metavar="GB", help="RAM budget in GB")
+    g.add_argument(
+        "--ram",
+        type=_positive_float,
+        metavar="GB",
+        help="RAM budget for the whole process in GB (default: the memory available at the "
+        "start, less a tenth of it, at least 1 GB)",
+    )
     g.add_argument(
         "--expert-cache-mb",
         type=_positive_float,
@@ -125,7 +132,8 @@ def _generation_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
         type=_positive_int,
         default=max_tokens,
         metavar="N",
-        help=f"tokens to generate per answer (default {max_tokens})",
+        help=f"tokens to generate per answer (default {max_tokens}; serve's is 4096, for API "
+        "clients that set none, often agents that write long answers)",
     )
     g.add_argument(
         "--temperature",
@@ -168,8 +176,8 @@ def _output_options(p: argparse.ArgumentParser) -> None:
         "-q",
         "--quiet",
         action="store_true",
-        help="no plan, loading or per-answer status lines on stderr (errors, warnings and the "
-        "demo notice stay)",
+        help="no plan, loading, demo notice or per-answer status lines on stderr (errors and "
+        "warnings stay)",
     )
 
 
@@ -221,7 +229,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="v4flash",
         description="Run DeepSeek V4 Flash on the CPU, streaming experts from disk.",
         epilog="Without --model the commands use a tiny demo model (not DeepSeek).",
@@ -299,7 +307,8 @@ def parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=4096,
         metavar="N",
-        help="answer length when a request sets no max_tokens (4096)",
+        help="answer length when a request sets no max_tokens (4096, more than chat and run's "
+        "1024: API clients, agents above all, rarely set it and their answers run long)",
     )
     g.add_argument(
         "--prompt-cache",
@@ -362,7 +371,7 @@ def parser() -> argparse.ArgumentParser:
         ("info", "describe a checkpoint (validated, no weights loaded) and the memory plan"),
         ("doctor", "check a checkpoint file by file and the machine, say what is wrong"),
     ):
-        q = sub.add_parser(name, help=text)
+        q = sub.add_parser(name, help=text, description=_DESCRIPTIONS[name])
         _model_options(q)
         q.add_argument(
             "-c", "--ctx", type=_positive_int, metavar="TOKENS", help="context length for the plan"
@@ -383,6 +392,11 @@ def parser() -> argparse.ArgumentParser:
                 help="also hash every file and compare with the sha256 the Hugging Face hub "
                 "published (reads the whole checkpoint once)",
             )
+            q.add_argument(
+                "--strict",
+                action="store_true",
+                help="exit 1 when a check warns (a warning alone exits 0)",
+            )
 
     dl = sub.add_parser(
         "download",
@@ -401,6 +415,11 @@ def parser() -> argparse.ArgumentParser:
     dl.add_argument(
         "--no-verify", action="store_true", help="skip hashing the files after the download"
     )
+    dl.add_argument(
+        "--force",
+        action="store_true",
+        help="start even when the disk looks too small for what is left to download",
+    )
 
     bench = sub.add_parser(
         "bench",
@@ -412,4 +431,52 @@ def parser() -> argparse.ArgumentParser:
     _model_options(bench)
     _engine_options(bench)
     _bench_options(bench)
+    _manage_commands(sub)
     return p
+
+
+_DESCRIPTIONS = {
+    "info": "Describes a checkpoint without loading any weights: config.json and every shard "
+    "header checked, the tensors and their sizes, the drafter, then the memory plan at --ram "
+    "and --ctx. Exits 1 when the checkpoint is not usable.",
+    "doctor": "Checks a checkpoint file by file (config, index, shard headers, every tensor's "
+    "dtype and shape, the tokenizer; --verify: every file's sha256 against the Hugging Face "
+    "hub's), then the machine (cores against --threads, free RAM against --ram, huge pages, "
+    "the checkpoint disk's direct-read speed, io_uring, memory bandwidth) and the decode speed "
+    "to expect. Exits 1 on a failed check; a warning is named in the summary (and exits 1 "
+    "with --strict).",
+}
+
+
+def _manage_commands(sub) -> None:
+    """``list``, ``ps`` and ``completion``: what is on this machine, and the shell's help."""
+    ls = sub.add_parser(
+        "list",
+        aliases=["ls"],
+        help="the checkpoints on this machine: size, release, whether they check out",
+        description="Lists the checkpoints in the Hugging Face cache and the folders v4flash "
+        "has used (remembered in its state folder, $V4FLASH_HOME), with their size, release "
+        "(the first one, with an MTP block, or 0731, with DSpark) and a check of their headers "
+        '(no weights read); "verified" when doctor --verify (or download) hashed every file '
+        "and nothing changed since.",
+    )
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ps = sub.add_parser(
+        "ps",
+        aliases=["status"],
+        help="the v4flash servers running on this machine and what they are doing",
+        description="Lists the running v4flash serve processes of this machine (each registers "
+        "itself in the state folder, $V4FLASH_HOME, while it runs): address, model, whether it "
+        "is loading, busy or idle, queued requests, the prompt cache (from its /health), "
+        "memory in use and uptime.",
+    )
+    ps.add_argument("--json", action="store_true", help="machine-readable output")
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Prints a completion script for the shell. bash: "
+        'eval "$(v4flash completion bash)" in ~/.bashrc; zsh: '
+        'eval "$(v4flash completion zsh)" in ~/.zshrc; fish: '
+        "v4flash completion fish > ~/.config/fish/completions/v4flash.fish",
+    )
+    comp.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")

@@ -122,4 +122,5 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(detail_line(result.stats), file=sys.stderr)
         elif not args.quiet:
             print(status_line(result.stats), file=sys.stderr)
-    return 130 if result.stop == "interrupted" else 0
+    # Ctrl-C: 130 (128 + SIGINT) whether it came during the prefill or the answer
+    return 130 if result.stop in ("interrupted", "cancelled") else 0

@@ -1,5 +1,6 @@
 """``v4flash serve``: the HTTP server (``server``) on a loaded model, until Ctrl-C or SIGTERM;
-running answers end at their next token, queued requests get 503."""
+running answers end at their next token, queued requests get 503. While it runs it is
+registered in the state folder (pid, address, model, start) for ``v4flash ps``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import __version__, state
 from ..server import make_server
 from ..server.guard import is_loopback
 from ..server.transport import Limits
@@ -66,6 +68,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     srv.start()  # /health answers 503 "loading" meanwhile
+    entry = state.register_server(  # for v4flash ps; removed at exit
+        {
+            "url": srv.url,
+            "model": name,
+            "path": str(path),
+            "demo": demo,
+            "version": __version__,
+            "api_key": bool(args.api_key),
+        }
+    )
 
     def on_term(signum, frame):  # SIGTERM: stop like Ctrl-C
         raise KeyboardInterrupt
@@ -92,6 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        state.unregister_server(entry)
         done = srv.shutdown(10.0)  # running answers end at their next token, queued get 503
         if old is not None:
             signal.signal(signal.SIGTERM, old)

@@ -1,6 +1,6 @@
 """``v4flash download``: ``huggingface_hub``'s ``snapshot_download`` (resumable), with the
-size to expect and a warning when the disk has no room for it, and every hub error as one
-line that says how to resume."""
+size to expect, a refusal when the disk has no room for what is left (unless forced), and
+every hub error as one line that says how to resume."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ from .releases import (
 )
 
 
-def download(repo_id: str, local_dir: Optional[str] = None) -> Path:
+def download(repo_id: str, local_dir: Optional[str] = None, *, force: bool = False) -> Path:
     """``snapshot_download`` (resumable: files already there are skipped, ``.incomplete`` ones
-    continue), into the cache or ``local_dir``. Returns the folder."""
+    continue), into the cache or ``local_dir``. Returns the folder. A disk too small for what
+    is left of a checkpoint of known size is a HubError before anything is fetched, unless
+    ``force``."""
     hub = import_hub("v4flash download")
     target = (Path(local_dir).expanduser() if local_dir else default_cache_dir()).absolute()
     there = Path(local_dir).expanduser() if local_dir else repo_folder(repo_id, target)
@@ -36,14 +38,20 @@ def download(repo_id: str, local_dir: Optional[str] = None) -> Path:
     need = None if total is None else max(total - have, 0)
     free = free_bytes(target)
     more = f", {gb(have)} of it already there" if have else ""
-    print(f"v4flash: downloading {repo_id} into {target} ({size}{more})", file=sys.stderr)
     if free is not None and need is not None and free < need:
-        print(
-            f"v4flash: warning: about {gb(need)} more is needed but only {gb(free)} is free "
-            f"on the disk of {target}: the download will fail before it ends (use --dir DIR on "
-            "a disk with room)",
-            file=sys.stderr,
+        short = (
+            f"about {gb(need)} more is needed but only {gb(free)} is free on the disk of "
+            f"{target}: the download would fail before it ends"
         )
+        if not force:
+            where = (
+                "choose a folder on another disk with room for --dir"
+                if local_dir
+                else f"download it to a disk with room: {download_command(repo_id, 'DIR')}"
+            )
+            raise HubError(f"{repo_id}: {short}; {where} (--force: start anyway)", 1)
+        print(f"v4flash: warning: {short} (--force given: starting anyway)", file=sys.stderr)
+    print(f"v4flash: downloading {repo_id} into {target} ({size}{more})", file=sys.stderr)
     kw: dict = {"repo_id": repo_id}
     if local_dir:
         kw["local_dir"] = str(target)

@@ -1,7 +1,8 @@
 """What ``--model`` names: a checkpoint folder, a Hugging Face cache folder, or a repo id found
 in the local cache (``try_to_load_from_cache``: no network, ever). A file, GGUF files, a repo
 that is not downloaded or only partly are ``HubError``s that say what v4flash needs instead,
-how to get it and how much disk that takes."""
+how to get it and how much disk that takes: the error on the first line, what to do on the
+next ones, indented."""
 
 from __future__ import annotations
 
@@ -132,9 +133,9 @@ def resolve_repo(repo_id: str, cache_dir: Optional[os.PathLike] = None) -> Locat
             )
         raise HubError(
             f"{repo_id} is not in the Hugging Face cache ({cache}) and no folder of that name "
-            f"exists. Download it with: {download_command(repo_id)} (or: "
-            f"{cli_command(repo_id)}). {space_text(need, cache, repo_id, about=True)} "
-            "Or pass --model DIR, the folder holding config.json and the shards.",
+            f"exists\n  download it with: {download_command(repo_id)} (or: "
+            f"{cli_command(repo_id)})\n  {space_text(need, cache, repo_id, about=True)}\n"
+            "  or pass --model DIR, the folder holding config.json and the shards",
             2,
         )
     snap = Path(found).parent
@@ -152,8 +153,9 @@ def _check_complete(snap: Path, repo_id: str, local_dir: Optional[Path] = None) 
             return
         need, _ = checkpoint_bytes(None, repo_id)
         raise HubError(
-            f"{repo_id} is only partly downloaded ({snap} has no model.safetensors.index.json); "
-            f"finish it with: {cmd} (it resumes). " + space_text(need, snap, repo_id, about=True),
+            f"{repo_id} is only partly downloaded ({snap} has no model.safetensors.index.json)"
+            f"\n  finish it with: {cmd} (it resumes)\n  "
+            + space_text(need, snap, repo_id, about=True),
             2,
         )
     try:
@@ -168,7 +170,7 @@ def _check_complete(snap: Path, repo_id: str, local_dir: Optional[Path] = None) 
     left = None if total is None else max(total - have, 0)
     raise HubError(
         f"{repo_id} is only partly downloaded: {len(missing)} of {len(shards)} shards missing "
-        f"(e.g. {missing[0]}); finish it with: {cmd} (it resumes). "
+        f"(e.g. {missing[0]})\n  finish it with: {cmd} (it resumes)\n  "
         + space_text(left, snap, repo_id, about=False).replace("It needs", "The rest needs"),
         2,
     )
