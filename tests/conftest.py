@@ -1,8 +1,11 @@
+import atexit
 import importlib.util
 import json
+import os
 import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,12 @@ import pytest
 # exec instead: handle it here, and every child starts with Python's usual Ctrl-C.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# What the CLI and the server remember (servers running, checkpoints used) goes to a folder of
+# this run, not to the state folder of whoever runs the tests (children inherit it).
+_HOME = tempfile.mkdtemp(prefix="v4flash-tests-home-")
+os.environ["V4FLASH_HOME"] = _HOME
+atexit.register(shutil.rmtree, _HOME, True)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

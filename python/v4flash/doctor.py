@@ -434,18 +434,17 @@ def _expected_row(
         f"{mem:.1f} GB/s (the `bench --predict` formula)"
     )
     floor = m["dense_resident_bytes"] + 1.5 * GB
-    if distorted:
-        return (
-            "warn",
-            "expected decode",
-            text + f"; distorted by the warnings above ({', '.join(distorted)}): fix them for "
-            "a figure to rely on",
-        )
+    notes = []
     if ram * GB <= floor:
-        return (
-            "warn",
-            "expected decode",
-            text + f"; {ram:g} GB leaves no expert cache (the full model's resident part and "
-            f"overhead take {gb(floor)})",
+        notes.append(
+            f"{ram:g} GB leaves no expert cache (the full model's resident part and "
+            f"overhead take {gb(floor)})"
         )
+    if distorted:
+        notes.append(
+            f"distorted by the warnings above ({', '.join(distorted)}): fix them for "
+            "a figure to rely on"
+        )
+    if notes:
+        return ("warn", "expected decode", "; ".join([text, *notes]))
     return ("ok", "expected decode", text)
