@@ -476,7 +476,9 @@ BAD = [
     ({"messages": HELLO, "thinking": "on"}, 400, "thinking"),
     ({"messages": HELLO, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
     ({"messages": HELLO, "presence_penalty": 1.0}, 400, "not supported"),
-    ({"messages": HELLO, "response_format": {"type": "grammar"}}, 400, "not supported"),
+    ({"messages": HELLO, "response_format": {"type": "xml"}}, 400, "not supported"),
+    ({"messages": HELLO, "response_format": {"type": "grammar"}}, 400, "a Lark grammar"),
+    ({"messages": HELLO, "grammar": "root ::= [a-z]+"}, 400, "GBNF"),
     ({"messages": HELLO, "model": 5}, 400, "'model' must be a string"),
 ]
 
@@ -676,9 +678,10 @@ class ScriptedSession:
     def tokens(self):
         return list(self._tokens)
 
-    def stream(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids):
+    def stream(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, **kw):
         self._tokens += list(ids)
         self.model.prompts.append(list(self._tokens))
+        self.model.constraints.append(kw.get("constraint"))  # a script follows no grammar
         script = self.model.script
         for k in range(max_new_tokens):
             if k >= len(script) and not self.model.endless:
@@ -702,6 +705,7 @@ class ScriptedModel:
         self.ctx = 1 << 20
         self.config = SimpleNamespace(vocab_size=self.tok.vocab_size)
         self.prompts: list = []
+        self.constraints: list = []
 
     def session(self):
         return ScriptedSession(self)
@@ -791,15 +795,17 @@ def test_tool_calls_round_trip(thinking):
         s.close()
 
 
-def test_forced_tool_choice_reaches_the_model():
-    fake = ScriptedModel('get_weather">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+def test_forced_tool_choice_is_generated_under_a_grammar():
+    block = f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n\n</{D}invoke>\n</{D}tool_calls>'
+    fake = ScriptedModel(block)
     s = Running(fake, name="scripted")
     try:
         r = s.client().chat.completions.create(
             model="scripted", messages=HELLO, tools=[WEATHER, CLOCK], tool_choice="required"
         )
-        opening = f'\n\n<{D}tool_calls>\n<{D}invoke name="'
-        assert fake.tok.decode(fake.prompts[-1]).endswith("</think>" + opening)
+        # no opening is fed any more: the whole block is generated under the tools' grammar
+        assert fake.tok.decode(fake.prompts[-1]).endswith("</think>")
+        assert fake.constraints[-1].kind == "lark"
         calls = r.choices[0].message.tool_calls
         assert [(t.function.name, t.function.arguments) for t in calls] == [("get_weather", "{}")]
     finally:

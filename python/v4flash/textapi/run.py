@@ -9,7 +9,7 @@ for one. Everything comes out as ``(kind, value)`` events, which the public func
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..resume import History, turn_boundary
 from .attached import cache_for, tokenizer_for
@@ -53,7 +53,8 @@ def run_job(
     during the prefill (prompt tokens done of total, those taken from the cache included).
     Closing the iterator early is fine too: the session goes back to the cache either way.
     A job's ``reasoning_budget`` caps the reasoning: when it is spent, ``</think>`` is fed
-    and the answer follows.
+    and the answer follows. A job's ``constraint`` (a compiled grammar) holds the answer to
+    it, from the first token (chat, raw) or from ``</think>`` on (thinking).
     """
     model, tok = job.model, tokenizer_for(job.model)
     cache = _cache_of(job)
@@ -126,7 +127,7 @@ def run_job(
 
         while finish is None:
             inject = close_think = False
-            args = dict(
+            args: Dict[str, Any] = dict(
                 max_new_tokens=budget - len(ids),
                 temperature=job.temperature,
                 top_p=job.top_p,
@@ -134,6 +135,11 @@ def run_job(
                 seed=(job.seed + len(ids)) % (1 << 64),
                 stop_ids=[tok.eos_id],
             )
+            if job.constraint is not None:
+                # the answer's grammar; in the reasoning it waits for </think> (a sampled
+                # EOS there becomes </think>: the answer is never left out)
+                args["constraint"] = job.constraint
+                args["wait_for"] = tok.end_think_id if in_reasoning else None
             if job.logprobs is None:
                 stream = sess.stream(feed, **args)
             else:
