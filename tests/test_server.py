@@ -477,8 +477,6 @@ BAD = [
     ({"messages": HELLO, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
     ({"messages": HELLO, "presence_penalty": 1.0}, 400, "not supported"),
     ({"messages": HELLO, "response_format": {"type": "xml"}}, 400, "not supported"),
-    ({"messages": HELLO, "response_format": {"type": "grammar"}}, 400, "a Lark grammar"),
-    ({"messages": HELLO, "grammar": "root ::= [a-z]+"}, 400, "GBNF"),
     ({"messages": HELLO, "model": 5}, 400, "'model' must be a string"),
 ]
 
@@ -791,23 +789,6 @@ def test_tool_calls_round_trip(thinking):
         assert block + "<｜end▁of▁sentence｜>" in text  # byte for byte what the model wrote
         # results sorted into the call order (matched by id)
         assert '<tool_result>{"temp": 21}</tool_result>\n\n<tool_result>12:00</tool_result>' in text
-    finally:
-        s.close()
-
-
-def test_forced_tool_choice_is_generated_under_a_grammar():
-    block = f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n\n</{D}invoke>\n</{D}tool_calls>'
-    fake = ScriptedModel(block)
-    s = Running(fake, name="scripted")
-    try:
-        r = s.client().chat.completions.create(
-            model="scripted", messages=HELLO, tools=[WEATHER, CLOCK], tool_choice="required"
-        )
-        # no opening is fed any more: the whole block is generated under the tools' grammar
-        assert fake.tok.decode(fake.prompts[-1]).endswith("</think>")
-        assert fake.constraints[-1].kind == "lark"
-        calls = r.choices[0].message.tool_calls
-        assert [(t.function.name, t.function.arguments) for t in calls] == [("get_weather", "{}")]
     finally:
         s.close()
 

@@ -19,7 +19,7 @@ import pytest
 
 import v4flash
 from conftest import main_  # noqa: E402
-from test_server import TIMEOUT, Running  # noqa: E402
+from test_server import HELLO, TIMEOUT, Running, ScriptedModel  # noqa: E402
 from v4flash.demo import demo_path
 from v4flash.textapi import collect_chat, prepare_chat
 from v4flash.textapi.constraints import compile_grammar, token_words
@@ -345,6 +345,24 @@ def test_forced_tool_calls_validate(m):
             check_calls(r.tool_calls, ["search"])
 
 
+def test_forced_tool_choice_is_generated_under_a_grammar():
+    d = "｜DSML｜"
+    block = f'\n\n<{d}tool_calls>\n<{d}invoke name="get_weather">\n\n</{d}invoke>\n</{d}tool_calls>'
+    fake = ScriptedModel(block)
+    s = Running(fake, name="scripted")
+    try:
+        r = s.client().chat.completions.create(
+            model="scripted", messages=HELLO, tools=TOOLS, tool_choice="required"
+        )
+        # no opening is fed any more: the whole block is generated under the tools' grammar
+        assert fake.tok.decode(fake.prompts[-1]).endswith("</think>")
+        assert fake.constraints[-1].kind == "lark"
+        calls = r.choices[0].message.tool_calls
+        assert [(t.function.name, t.function.arguments) for t in calls] == [("get_weather", "{}")]
+    finally:
+        s.close()
+
+
 def test_strict_tools_in_auto_mode(m):
     strict = [dict(t, function=dict(t["function"], strict=True)) for t in TOOLS]
     for seed in range(4):
@@ -477,6 +495,7 @@ def test_anthropic_sdk_output_config(server):
         ),
         ({"guided_grammar": "root ::= [a-z]+"}, "guided_grammar", "GBNF"),
         ({"grammar": "start: x"}, "response_format", "unknown name"),
+        ({"response_format": {"type": "grammar"}}, "response_format", "a Lark grammar"),
         (
             {
                 "tools": [

@@ -10,7 +10,10 @@
 //! - a generation stops after a stop id, after `max_new` tokens, or when the context is full
 //!   (the sampled token is returned; it cannot be fed and stays pending in the session);
 //! - `cancel` is polled between layers of every forward pass; a cancelled call leaves the
-//!   session consistent (the tokens sampled so far stay in it).
+//!   session consistent (the tokens sampled so far stay in it);
+//! - a generation with a grammar (`with_constraint`) samples only among the tokens its mask
+//!   allows (computed while the forward pass runs), and the sampled token advances it; the
+//!   constraint belongs to the generation, never to the session (docs/architecture.md §7.2).
 
 use super::sample::{SampleParams, Sampler};
 use super::session::file as session_file;

@@ -3,7 +3,8 @@
 //! grammars compiled for it, which `Session.stream(constraint=...)` samples under.
 
 use super::run_cancellable;
-use crate::grammar::{Grammar, Kind, Vocabulary};
+use crate::error::Error;
+use crate::grammar::{Constraint, Grammar, Kind, Vocabulary};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
@@ -53,6 +54,32 @@ impl PyVocabulary {
         Ok(PyGrammar {
             vocab: self.inner.clone(),
             grammar,
+        })
+    }
+
+    /// A private hook for measurements (benches/structured.py), not part of the API: walks
+    /// `tokens` under `grammar` from its start, computing the mask before each token, then
+    /// advancing past it; the seconds each mask took. ValueError at a token it does not allow.
+    fn _mask_times(
+        &self,
+        py: Python<'_>,
+        grammar: &PyGrammar,
+        tokens: Vec<u32>,
+    ) -> PyResult<Vec<f32>> {
+        let v = self.inner.clone();
+        let g = grammar.grammar.clone();
+        run_cancellable(py, |_| {
+            let mut c = Constraint::new(&v, g, None)?;
+            for (i, &t) in tokens.iter().enumerate() {
+                let allowed = c
+                    .mask()?
+                    .is_none_or(|m| (t as usize) < m.len() && m.is_allowed(t));
+                if !allowed {
+                    return Err(Error::arg(format!("token {i} ({t}) is not allowed there")));
+                }
+                c.commit(t)?;
+            }
+            Ok(c.mask_times().to_vec())
         })
     }
 

@@ -10,7 +10,7 @@ checked by the engine when it reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..encoding import encoder_file
@@ -49,9 +49,6 @@ class Job:
     stops: List[str]
     mode: str  # "chat" | "thinking" | "raw"
     parse_tools: bool = True
-    forced_ids: List[int] = field(default_factory=list)  # a tool-call opening to feed
-    forced_text: str = ""
-    forced_after_think: bool = False  # thinking mode: feed forced_ids after </think>
     # a compiled grammar the answer follows (``_core.Grammar``; in thinking mode from
     # ``</think>`` on), or None
     constraint: Any = None

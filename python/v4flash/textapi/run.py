@@ -1,9 +1,9 @@
 """Running a :class:`~v4flash.textapi.prompts.Job`: :func:`run_job` checks a session out of
 the prompt cache (or takes a fresh one), prefills what the session does not hold yet, then
 generates token by token, decoding UTF-8 safely, cutting at stop strings, splitting
-reasoning / content / tool calls, and feeding a forced tool call's opening where the job asks
-for one. Everything comes out as ``(kind, value)`` events, which the public functions
-(``api``) and the server's dialects turn into their own shapes.
+reasoning / content / tool calls, under the job's grammar when it has one (a response
+format, forced or strict tool calls). Everything comes out as ``(kind, value)`` events,
+which the public functions (``api``) and the server's dialects turn into their own shapes.
 """
 
 from __future__ import annotations
@@ -107,7 +107,6 @@ def run_job(
         budget = min(job.max_new_tokens, room)
         feed = prompt[cut:]
         extra_prompt = 0
-        pending_force = job.forced_after_think
         think_budget = job.reasoning_budget if in_reasoning else None
         t_first: Optional[float] = None
         finish: Optional[str] = None
@@ -121,12 +120,8 @@ def run_job(
             else:
                 yield from splitter.push(text)
 
-        if job.forced_text and not job.forced_after_think:
-            shown.append(job.forced_text)
-            yield from splitter.push(job.forced_text)
-
         while finish is None:
-            inject = close_think = False
+            close_think = False
             args: Dict[str, Any] = dict(
                 max_new_tokens=budget - len(ids),
                 temperature=job.temperature,
@@ -159,7 +154,6 @@ def run_job(
                     if in_reasoning and t == tok.end_think_id:
                         in_reasoning = False
                         reasoning_tokens = len(ids)
-                        inject = pending_force
                     yield from route(matcher.push(dec.push(t)))
                     if matcher.stopped is not None:
                         finish = "stop"
@@ -169,7 +163,7 @@ def run_job(
                         break
                     if in_reasoning and think_budget is not None and len(ids) >= think_budget:
                         close_think = True
-                    if inject or close_think or len(ids) >= budget:
+                    if close_think or len(ids) >= budget:
                         break
             finally:
                 close = getattr(stream, "close", None)
@@ -181,27 +175,8 @@ def run_job(
                 reasoning_tokens = len(ids)
                 yield from route(matcher.push(dec.push(tok.end_think_id)))
                 feed = [tok.end_think_id]
-                if pending_force:
-                    pending_force = False
-                    yield from route(matcher.push(dec.flush()))
-                    yield from route(matcher.flush())
-                    shown.append(job.forced_text)
-                    yield from splitter.push(job.forced_text)
-                    feed += list(job.forced_ids)
                 extra_prompt += len(feed)
                 budget = min(budget, room - extra_prompt)
-                if budget <= len(ids):
-                    finish = "length"
-            elif finish is None and inject and len(ids) < budget:
-                # tool_choice forces a call: after the reasoning, feed the block's opening
-                pending_force = False
-                yield from route(matcher.push(dec.flush()))
-                yield from route(matcher.flush())
-                shown.append(job.forced_text)
-                yield from splitter.push(job.forced_text)
-                feed = list(job.forced_ids)
-                extra_prompt += len(feed)
-                budget = min(budget, room - extra_prompt)  # prompt + answer + opening <= ctx
                 if budget <= len(ids):
                     finish = "length"
             elif finish is None:
