@@ -291,8 +291,13 @@ WEATHER = {
         "name": "get_weather",
         "description": "The weather in a city",
         "parameters": obj(
-            {"city": text(12), "unit": {"enum": ["c", "f"]}, "days": integer(1, 7)},
-            required=["city"],
+            {
+                "city": text(12),
+                "unit": {"enum": ["c", "f"]},
+                "days": integer(1, 7),
+                "from": {"type": S, "format": "date"},  # not raw text: a JSON string
+            },
+            required=["city", "from"],
         ),
     },
 }
@@ -323,7 +328,8 @@ def check_calls(calls, names=None):
             else {"name": c.function.name, "arguments": c.function.arguments}
         )
         assert fn["name"] in (names or SCHEMA_OF)
-        jsonschema.validate(json.loads(fn["arguments"]), SCHEMA_OF[fn["name"]])
+        args = json.loads(fn["arguments"])
+        jsonschema.validate(args, SCHEMA_OF[fn["name"]], format_checker=jsonschema.FormatChecker())
 
 
 def answer(m, thinking, **kw):
@@ -378,27 +384,44 @@ def test_strict_tools_in_auto_mode(m):
             jsonschema.validate(json.loads(r.content), SCHEMAS["classify"])
 
 
-def test_the_tool_grammar_parses_back_what_the_encoder_writes(m):
-    # every block the official renderer writes for valid arguments is in the grammar
+def test_the_tool_grammar_holds_what_the_encoder_writes(m):
+    # blocks the official renderer writes for valid arguments are in the grammar (token by
+    # token, as the tokenizer splits them) and parse back to those arguments
     from v4flash.encoding import encode_messages, parse_completion
     from v4flash.grammars import tool_call_grammar
 
-    g = compile_grammar(
-        m, "lark", tool_call_grammar(TOOLS, f"<[{m.tokenizer.token_to_id('｜DSML｜')}]>"), "tools"
-    )
-    assert g.kind == "lark"
-    args = [{"city": "Paris"}, {"city": "Oslo", "unit": "c", "days": 3}]
-    for a in args:
-        call = {"type": "function", "function": {"name": "get_weather", "arguments": json.dumps(a)}}
-        text = encode_messages(
-            [
-                {"role": "user", "content": "x"},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-            ]
-        )
+    tok = m.tokenizer
+    g = compile_grammar(m, "lark", tool_call_grammar(TOOLS, f"<[{tok.token_to_id('｜DSML｜')}]>"))
+    calls = [
+        [("get_weather", {"city": "Paris", "from": "2024-05-01"})],
+        [("get_weather", {"city": "Oslo", "unit": "c", "days": 3, "from": "2025-01-31"})],
+        [
+            ("search", {"query": "cats", "filters": {"lang": "fr"}}),
+            ("search", {"query": "x", "limit": 2, "filters": {"lang": "en"}}),
+        ],
+    ]
+    for group in calls:
+        tcs = [
+            {"type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+            for n, a in group
+        ]
+        msgs = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": tcs},
+        ]
+        text = encode_messages(msgs)
         block = text[text.index("\n\n<｜DSML｜tool_calls>") : text.rindex("<｜end▁of▁sentence｜>")]
+        # the format-holding string goes as JSON (string="false"): what our grammar writes
+        block = re.sub(r'(name="from" string=)"true">([^<]*)<', r'\1"false">"\2"<', block)
         parsed = parse_completion(block, thinking_mode="chat")
-        assert json.loads(parsed["tool_calls"][0]["function"]["arguments"]) == a
+        assert [json.loads(c["function"]["arguments"]) for c in parsed["tool_calls"]] == [
+            a for _, a in group
+        ]
+        ids = tok.encode(block) + [tok.eos_id]
+        assert len(m._text_vocabulary._mask_times(g, ids)) == len(ids)
+    with pytest.raises(ValueError, match="not allowed"):
+        bad = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="nope">'
+        m._text_vocabulary._mask_times(g, tok.encode(bad))
 
 
 # --- the server ------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ __all__ = [
     "Session",
     "Snapshot",
     "Stream",
+    "Vocabulary",
+    "Grammar",
 ]
 
 _Path = str | PathLike[str]
@@ -271,7 +273,7 @@ class Stream:
 
 @final
 class Vocabulary:
-    def __init__(self, tokens: Sequence[bytes], eos_id: int) -> None: ...
+    def __new__(cls, tokens: Sequence[bytes], eos_id: int) -> Vocabulary: ...
     @property
     def size(self) -> int: ...
     @property

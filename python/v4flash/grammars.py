@@ -17,8 +17,13 @@ from .encoding import _INVOKE_CLOSE, _INVOKE_OPEN, _TC_CLOSE, _TC_OPEN, DSML, _t
 
 # llguidance's JSON options: no optional whitespace, the separators alone
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# a tool call's JSON parameters as the official encoder writes them (json.dumps' separators)
+ENCODER_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "json_object", "lark", "regex")
 FLAGS = ("true", "false")  # a parameter's string="…": raw text, or JSON
+# what a raw (string="true") parameter keeps of its schema; other keywords make it JSON
+RAW_KEYS = {"type", "enum", "const", "minLength", "maxLength", "pattern", "description", "title"}
+RAW_KEYS |= {"default", "examples", "$comment"}
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,10 @@ def _raw_string(s: Dict[str, Any], term: str, close: str) -> str:
 
 
 def _invoke(k: int, fn: Dict[str, Any], d: str, rules: List[str]) -> str:
-    """Rules of one function's invoke (named ``i_k``), as ``_render_tool_calls`` writes it."""
+    """Rules of one function's invoke (named ``i_k``), as ``_render_tool_calls`` writes it,
+    with the ``\n`` before it. Each stretch of markup between two ``｜DSML｜`` tokens is one
+    literal: llguidance's lexer is greedy, so a literal never ends where a longer one that
+    shares its start could go on (``"\n" "<"`` against ``"\n</"``)."""
     params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
     props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
     required = (
@@ -170,35 +178,43 @@ def _invoke(k: int, fn: Dict[str, Any], d: str, rules: List[str]) -> str:
     close = f"</{DSML}parameter>"
     items: List[Tuple[str, bool]] = []
     for j, (key, schema) in enumerate(props.items()):
-        head = {v: _marked(f'<{DSML}parameter name="{key}" string="{v}">', d) for v in FLAGS}
+        head = {v: _marked(f'\n<{DSML}parameter name="{key}" string="{v}">', d) for v in FLAGS}
         alts = []
         kind = _string_kind(schema)
+        if kind is True and isinstance(schema, dict) and set(schema) - RAW_KEYS:
+            kind = False  # a keyword raw text cannot hold (format, …): a JSON string instead
         if kind is not False:
             term = f"SV_{k}_{j}"
             rules.append(_raw_string(schema if isinstance(schema, dict) else {}, term, close[:2]))
             alts.append(f"{head['true']} {term} {_marked(close[2:], d)}")
         if kind is not True:
             js = dict(schema) if isinstance(schema, dict) else {}
-            js["x-guidance"] = COMPACT_JSON
+            js["x-guidance"] = ENCODER_JSON
             rules.append(f"pj_{k}_{j}: %json {json.dumps(js)}")
             alts.append(f"{head['false']} pj_{k}_{j} {_marked(close, d)}")
         rules.append(f"p_{k}_{j}: " + " | ".join(alts))
         items.append((f"p_{k}_{j}", key in required))
-    # r_k_i: a non-empty run of the parameters from i on, a required one never left out
+    # r_k_i: a non-empty run of the parameters from i on (each with its "\n" before it), a
+    # required one never left out
     for i in range(len(items) - 1, -1, -1):
         p, req = items[i]
         alts = [p]
         if i + 1 < len(items):
             later_required = any(r for _, r in items[i + 1 :])
-            alts = [f'{p} "\\n" r_{k}_{i + 1}'] + ([] if later_required else [p])
+            alts = [f"{p} r_{k}_{i + 1}"] + ([] if later_required else [p])
             if not req:
                 alts.append(f"r_{k}_{i + 1}")
         rules.append(f"r_{k}_{i}: " + " | ".join(alts))
-    body = ""
-    if items:
-        body = f"r_{k}_0" if any(r for _, r in items) else f"(r_{k}_0)?"
-    opening = _marked(f'{_INVOKE_OPEN} name="{fn["name"]}">\n', d)
-    rules.append(f"i_{k}: {opening} {body} {_marked(chr(10) + _INVOKE_CLOSE + '>', d)}")
+    opening = _marked(f'\n{_INVOKE_OPEN} name="{fn["name"]}">', d)
+    closing = _marked(f"\n{_INVOKE_CLOSE}>", d)
+    empty = _marked(f"\n\n{_INVOKE_CLOSE}>", d)  # no arguments: a blank line
+    if not items:
+        body = empty
+    elif any(r for _, r in items):
+        body = f"r_{k}_0 {closing}"
+    else:
+        body = f"(r_{k}_0 {closing} | {empty})"
+    rules.append(f"i_{k}: {opening} {body}")
     return f"i_{k}"
 
 
@@ -213,10 +229,11 @@ def tool_call_grammar(
     ``encoding._render_tool_calls`` renders it: one or more invokes of the functions
     ``names`` (default: every tool), each with the parameters of its ``parameters`` schema
     in the schema's order (the required ones always), string values raw (``string="true"``),
-    others compact JSON the schema validates (``string="false"``). ``dsml_token``: how the
-    grammar names the ``｜DSML｜`` token (``<[id]>``). ``text_first``: text (never holding the
-    markup) may come first, and the block may be left out; ``answer``: a Lark expression the
-    answer may be instead of the block (a response format)."""
+    others JSON the schema validates, with the encoder's separators (``string="false"``).
+    ``dsml_token``: how the grammar names the ``｜DSML｜`` token (``<[id]>``).
+    ``text_first``: text (never holding the markup) may come first, and the block may be left
+    out; ``answer``: a Lark expression the answer may be instead of the block (a response
+    format)."""
     d = dsml_token
     rules: List[str] = []
     invokes = [
@@ -227,8 +244,8 @@ def tool_call_grammar(
     if not invokes:
         raise ValueError("no tool to call: the tools named are not among the tools given")
     rules.append("invoke: " + " | ".join(invokes))
-    calls = f'invoke ("\\n" invoke)* {_marked(chr(10) + _TC_CLOSE, d)}'
-    opening = "\n\n" + _TC_OPEN + "\n"
+    calls = f"invoke+ {_marked(chr(10) + _TC_CLOSE, d)}"
+    opening = "\n\n" + _TC_OPEN
     if text_first:
         # text that never holds the markup, or text that ends where a block begins
         rules.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*){DSML}(?s:.*)/")
