@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod grammar;
 pub mod kernels;
 pub mod model;
 pub mod options;

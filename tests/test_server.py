@@ -476,7 +476,7 @@ BAD = [
     ({"messages": HELLO, "thinking": "on"}, 400, "thinking"),
     ({"messages": HELLO, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
     ({"messages": HELLO, "presence_penalty": 1.0}, 400, "not supported"),
-    ({"messages": HELLO, "response_format": {"type": "grammar"}}, 400, "not supported"),
+    ({"messages": HELLO, "response_format": {"type": "xml"}}, 400, "not supported"),
     ({"messages": HELLO, "model": 5}, 400, "'model' must be a string"),
 ]
 
@@ -676,9 +676,10 @@ class ScriptedSession:
     def tokens(self):
         return list(self._tokens)
 
-    def stream(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids):
+    def stream(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, **kw):
         self._tokens += list(ids)
         self.model.prompts.append(list(self._tokens))
+        self.model.constraints.append(kw.get("constraint"))  # a script follows no grammar
         script = self.model.script
         for k in range(max_new_tokens):
             if k >= len(script) and not self.model.endless:
@@ -702,6 +703,7 @@ class ScriptedModel:
         self.ctx = 1 << 20
         self.config = SimpleNamespace(vocab_size=self.tok.vocab_size)
         self.prompts: list = []
+        self.constraints: list = []
 
     def session(self):
         return ScriptedSession(self)
@@ -787,21 +789,6 @@ def test_tool_calls_round_trip(thinking):
         assert block + "<｜end▁of▁sentence｜>" in text  # byte for byte what the model wrote
         # results sorted into the call order (matched by id)
         assert '<tool_result>{"temp": 21}</tool_result>\n\n<tool_result>12:00</tool_result>' in text
-    finally:
-        s.close()
-
-
-def test_forced_tool_choice_reaches_the_model():
-    fake = ScriptedModel('get_weather">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
-    s = Running(fake, name="scripted")
-    try:
-        r = s.client().chat.completions.create(
-            model="scripted", messages=HELLO, tools=[WEATHER, CLOCK], tool_choice="required"
-        )
-        opening = f'\n\n<{D}tool_calls>\n<{D}invoke name="'
-        assert fake.tok.decode(fake.prompts[-1]).endswith("</think>" + opening)
-        calls = r.choices[0].message.tool_calls
-        assert [(t.function.name, t.function.arguments) for t in calls] == [("get_weather", "{}")]
     finally:
         s.close()
 

@@ -438,11 +438,16 @@ def test_tools_reach_the_prompt_and_forced_tool_choice(m):
     assert r.usage.prompt_tokens == len(want)
     choice = {"type": "function", "function": {"name": "get_weather"}}
     forced = m.chat(
-        HELLO, tools=tools, tool_choice=choice, max_new_tokens=4, temperature=0, cache=False
+        HELLO, tools=tools, tool_choice=choice, max_new_tokens=64, temperature=0, cache=False
     )
+    # the whole block is generated under the tools' grammar (nothing is fed after the prompt)
     opening = f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
-    assert forced.text.startswith(opening)  # the block's opening is fed, the model goes on
-    assert forced.usage.prompt_tokens == len(want) + len(m.tokenizer.encode(opening))
+    assert forced.text.startswith(opening), forced.text
+    assert forced.usage.prompt_tokens == len(want)
+    assert forced.finish_reason == "tool_calls"
+    assert [c["function"] for c in forced.tool_calls] == [
+        {"name": "get_weather", "arguments": "{}"}
+    ]
     none = m.chat(HELLO, tools=tools, tool_choice="none", max_new_tokens=4, cache=False)
     assert none.usage.prompt_tokens == len(encode_prompt_ids(m.tokenizer, HELLO))
     with pytest.raises(ValueError, match="not among the tools"):

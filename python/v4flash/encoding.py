@@ -442,13 +442,6 @@ def _render_tool_calls(tool_calls: Any, where: str) -> List[Segment]:
     return out
 
 
-def tool_call_opening(name: Optional[str] = None) -> str:
-    """The text that opens the model's tool-call block (fed to force a call): up to the
-    function's name (``name`` None: the model picks it), or through the invoke line."""
-    head = f'{TOOL_CALLS_START}>\n{_INVOKE_OPEN} name="'
-    return head if name is None else f'{head}{name}">\n'
-
-
 def _render(msgs, index, last_user, thinking: bool, drop: bool, prefix: str) -> List[Segment]:
     """One message and, after a user turn that ends the prompt or precedes an assistant,
     the ``<｜Assistant｜>`` + ``<think>``/``</think>`` suffix (as upstream)."""

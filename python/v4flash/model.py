@@ -114,17 +114,30 @@ class Session:
         seed: Optional[int] = None,
         stop_ids: Optional[Sequence[int]] = None,
         logprobs: Optional[int] = None,
+        constraint: Any = None,
+        wait_for: Optional[int] = None,
     ) -> Any:
         """The core's generation for ``generate`` and ``stream``, checked (one core step per
         token: the core feeds, seeds step i with seed + i and stops at a stop id,
         ``max_new_tokens`` or a full context); nothing runs until it is iterated or
-        collected."""
+        collected. ``constraint``: a grammar compiled for this model
+        (``textapi.constraints.compile_grammar``); only tokens it allows are sampled (from
+        the first, or once ``wait_for`` is sampled; until then a sampled EOS becomes it)."""
         s = sample_params(temperature, top_p, top_k, seed)
         stops = [self._model.config.eos_token_id] if stop_ids is None else stop_ids
         stops = _ids(stops, "stop_ids", allow_empty=True)
         first = _ids(ids, allow_empty=True)
         return self._core.stream(
-            first, max_new_tokens, s.temperature, s.top_p, s.top_k, s.seed, stops, logprobs
+            first,
+            max_new_tokens,
+            s.temperature,
+            s.top_p,
+            s.top_k,
+            s.seed,
+            stops,
+            logprobs,
+            constraint,
+            wait_for,
         )
 
     def snapshot(self) -> Any:

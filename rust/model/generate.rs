@@ -10,13 +10,17 @@
 //! - a generation stops after a stop id, after `max_new` tokens, or when the context is full
 //!   (the sampled token is returned; it cannot be fed and stays pending in the session);
 //! - `cancel` is polled between layers of every forward pass; a cancelled call leaves the
-//!   session consistent (the tokens sampled so far stay in it).
+//!   session consistent (the tokens sampled so far stay in it);
+//! - a generation with a grammar (`with_constraint`) samples only among the tokens its mask
+//!   allows (computed while the forward pass runs), and the sampled token advances it; the
+//!   constraint belongs to the generation, never to the session (docs/architecture.md §7.2).
 
 use super::sample::{SampleParams, Sampler};
 use super::session::file as session_file;
 use super::session::{Snapshot, State};
 use super::{Model, Want};
 use crate::error::{Error, Result};
+use crate::grammar::Constraint;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -50,6 +54,8 @@ pub struct Generation {
     logprobs: Option<usize>,
     /// The last step's, when asked for.
     last_logprobs: Option<TokenLogprobs>,
+    /// A grammar the sampled tokens must follow (its mask applied before sampling).
+    constraint: Option<Constraint>,
 }
 
 /// A sampled token's log-probability under the model (the log-softmax of its raw logits,
@@ -107,7 +113,21 @@ impl Generation {
             stopped: max_new == 0,
             logprobs: None,
             last_logprobs: None,
+            constraint: None,
         })
+    }
+
+    /// Samples only what `c` allows (its mask applied to the logits before temperature, top-k
+    /// and top-p, in every sampling mode), advancing it with each sampled token. The
+    /// constraint must be made for this model's vocabulary (`Constraint::vocab_size`).
+    pub fn with_constraint(mut self, c: Constraint) -> Generation {
+        self.constraint = Some(c);
+        self
+    }
+
+    /// The constraint, as far as it has advanced.
+    pub fn constraint(&self) -> Option<&Constraint> {
+        self.constraint.as_ref()
     }
 
     /// Also records each sampled token's log-probability and the `top` alternatives'
@@ -210,8 +230,10 @@ impl Session {
     }
 
     /// One step of `g`: feeds its prompt (first step) or the previous step's token, then
-    /// samples the next token with `seed + step index`. Returns `None` once the generation
-    /// has stopped. On error nothing is sampled and `g` can be stepped again.
+    /// samples the next token with `seed + step index`, among the tokens its constraint
+    /// allows (if it has one: the mask is computed on another thread while the forward pass
+    /// runs, then the sampled token advances the constraint). Returns `None` once the
+    /// generation has stopped. On error nothing is sampled and `g` can be stepped again.
     pub fn step<C: Fn() -> bool + Sync>(
         &mut self,
         g: &mut Generation,
@@ -225,20 +247,50 @@ impl Session {
                     "internal: the session has no logits to sample from"
                 }));
             }
-            self.flush(prompt, cancel)?;
-            g.prompt = None;
         }
         if g.stopped {
+            if let Some(prompt) = &g.prompt {
+                self.flush(prompt, cancel)?;
+                g.prompt = None;
+            }
             return Ok(None);
         }
-        self.flush(&[], cancel)?;
+        let feed: &[u32] = g.prompt.as_deref().unwrap_or(&[]);
+        let mask = match g.constraint.as_mut() {
+            // the mask depends only on the tokens sampled so far: it is computed while the
+            // forward pass feeds the last of them
+            Some(c) if !c.waiting() => {
+                let (fed, mask) = std::thread::scope(|s| {
+                    let h = s.spawn(|| c.mask());
+                    let fed = self.flush(feed, cancel);
+                    let mask = h.join().unwrap_or_else(|_| {
+                        Err(Error::arg("internal: computing the grammar's mask failed"))
+                    });
+                    (fed, mask)
+                });
+                fed?;
+                mask?
+            }
+            _ => {
+                self.flush(feed, cancel)?;
+                None
+            }
+        };
+        g.prompt = None;
         let logits = self
             .last
             .take()
             .ok_or_else(|| Error::arg("internal: the session has no logits to sample from"))?;
         let mut p = g.params.clone();
         p.seed = g.params.seed.wrapping_add(g.produced as u64);
-        let tok = Sampler::new(p).pick(&logits);
+        let mut tok = Sampler::new(p).pick_allowed(&logits, mask.as_ref());
+        if let Some(c) = g.constraint.as_mut() {
+            tok = c.replace(tok);
+            if let Err(e) = c.commit(tok) {
+                self.last = Some(logits);
+                return Err(e);
+            }
+        }
         if let Some(top) = g.logprobs {
             g.last_logprobs = Some(TokenLogprobs::of(&logits, tok, top));
         }
@@ -591,6 +643,82 @@ mod tests {
             got.push(t);
         }
         assert_eq!(got, all);
+    }
+
+    /// A vocabulary for the fixture: ids below 256 are the bytes (id 1, EOS, excepted), the
+    /// others special tokens.
+    fn byte_vocab(m: &Model) -> (crate::grammar::Vocabulary, u32) {
+        let n = m.cfg.vocab_size;
+        let words = (0..n)
+            .map(|i| match i {
+                1 => b"\xFF<eos>".to_vec(),
+                0..256 => vec![i as u8],
+                _ => [&[0xFF][..], format!("<{i}>").as_bytes()].concat(),
+            })
+            .collect();
+        (crate::grammar::Vocabulary::new(words, 1).unwrap(), 1)
+    }
+
+    #[test]
+    fn a_constraint_that_allows_every_token_changes_nothing() {
+        use crate::grammar::{Constraint, Kind};
+        let m = model();
+        let (v, eos) = byte_vocab(&m);
+        let all = v.compile(Kind::Lark, "start: <[*]>*").unwrap();
+        for p in [params(0.0, 0), params(1.0, 3), params(0.7, 8)] {
+            let free = Session::new(m.clone())
+                .generate(&mut gen(&PROMPT, 12, p.clone(), &[eos]), &NO)
+                .unwrap();
+            let c = Constraint::new(&v, all.clone(), None).unwrap();
+            let mut g = gen(&PROMPT, 12, p, &[eos]).with_constraint(c);
+            let mut s = Session::new(m.clone());
+            assert_eq!(s.generate(&mut g, &NO).unwrap(), free);
+            assert_eq!(g.constraint().unwrap().mask_times().len(), free.len());
+        }
+    }
+
+    #[test]
+    fn a_constrained_generation_follows_its_grammar() {
+        use crate::grammar::{Constraint, Kind};
+        let m = model();
+        let (v, eos) = byte_vocab(&m);
+        let g = v.compile(Kind::Regex, "[a-c]{3,5}!").unwrap();
+        for (i, p) in [params(0.0, 0), params(1.0, 3), params(1.5, 4)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut s = Session::new(m.clone());
+            let mut gn = gen(&PROMPT, 20, p, &[eos])
+                .with_constraint(Constraint::new(&v, g.clone(), None).unwrap());
+            let out = s.generate(&mut gn, &NO).unwrap();
+            assert_eq!(out.last(), Some(&eos), "{out:?}");
+            let text: Vec<u8> = out[..out.len() - 1].iter().map(|&t| t as u8).collect();
+            assert!(
+                text.ends_with(b"!") && (4..=6).contains(&text.len()),
+                "{i}: {text:?}"
+            );
+            assert!(text[..text.len() - 1].iter().all(|b| b"abc".contains(b)));
+            // cut short by max_new: the tokens so far follow the grammar too
+            let mut gn = gen(&PROMPT, 2, params(1.0, 9), &[eos])
+                .with_constraint(Constraint::new(&v, g.clone(), None).unwrap());
+            let out = Session::new(m.clone()).generate(&mut gn, &NO).unwrap();
+            assert!(out.iter().all(|&t| b"abc".contains(&(t as u8))), "{out:?}");
+        }
+        // waiting for a token: free until it, then the grammar
+        let wait = 300;
+        let mut gn = gen(&PROMPT, 30, params(1.0, 1), &[eos])
+            .with_constraint(Constraint::new(&v, g.clone(), Some(wait)).unwrap());
+        let mut s = Session::new(m.clone());
+        let out = s.generate(&mut gn, &NO).unwrap();
+        if let Some(at) = out.iter().position(|&t| t == wait) {
+            let tail: Vec<u8> = out[at + 1..].iter().map(|&t| t as u8).collect();
+            assert!(tail.iter().all(|b| b"abc!\x01".contains(b)), "{tail:?}");
+        } else {
+            assert!(
+                !out.contains(&eos),
+                "EOS while waiting becomes the awaited token"
+            );
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::args::Arg;
 use crate::error::{Error, Result};
+use toktrie::SimpleVob;
 
 #[derive(Clone, Debug)]
 pub struct SampleParams {
@@ -99,15 +100,37 @@ impl Sampler {
     }
 
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
+        self.pick_allowed(logits, None)
+    }
+
+    /// `pick` among the tokens `allowed` (a grammar's mask; None: all), the mask applied
+    /// before temperature, top-k and top-p: the disallowed tokens are not candidates at all,
+    /// so a mask that allows every token gives exactly `pick`'s token. An empty mask allows
+    /// every token (the grammar never gives one: `grammar::Constraint::mask`).
+    pub fn pick_allowed(&mut self, logits: &[f32], allowed: Option<&SimpleVob>) -> u32 {
+        let allowed = allowed.filter(|m| !m.is_zero());
+        let ok = |i: usize| allowed.is_none_or(|m| i < m.len() && m.is_allowed(i as u32));
         if self.p.temperature == 0.0 {
-            return argmax(logits);
+            return match allowed {
+                None => argmax(logits),
+                Some(_) => argmax_where(logits, ok),
+            };
         }
         let inv_t = 1.0 / self.p.temperature as f64;
         let mut cand: Vec<(f64, u32)> = logits
             .iter()
             .enumerate()
+            .filter(|&(i, _)| ok(i))
             .map(|(i, &l)| (l as f64 * inv_t, i as u32))
             .collect();
+        if cand.is_empty() {
+            // a mask wider than the logits allowed none of them: sample from all
+            cand = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (l as f64 * inv_t, i as u32))
+                .collect();
+        }
         cand.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         if self.p.top_k > 0 && self.p.top_k < cand.len() {
             cand.truncate(self.p.top_k);
@@ -144,6 +167,18 @@ impl Sampler {
         }
         cand[probs.len() - 1].1
     }
+}
+
+/// Index of the largest logit among those `ok` accepts (the lowest index among equal maxima;
+/// 0 when it accepts none).
+fn argmax_where(x: &[f32], ok: impl Fn(usize) -> bool) -> u32 {
+    let mut best: Option<usize> = None;
+    for (i, &v) in x.iter().enumerate() {
+        if ok(i) && best.is_none_or(|b| v > x[b]) {
+            best = Some(i);
+        }
+    }
+    best.unwrap_or(0) as u32
 }
 
 /// Index of the largest logit (the lowest index among equal maxima).
@@ -223,5 +258,48 @@ mod tests {
             (0..20).all(|_| p.pick(&l) == 1),
             "top_p keeps only the head"
         );
+    }
+
+    #[test]
+    fn a_mask_removes_candidates_before_sampling() {
+        let l = [0.1f32, 2.0, 1.9, -1.0, 2.0];
+        let mask = |ids: &[u32]| {
+            let mut m = SimpleVob::alloc(l.len());
+            for &i in ids {
+                m.allow_token(i);
+            }
+            m
+        };
+        let p = |temperature, top_p, top_k, seed| SampleParams {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        };
+        // greedy: the best allowed token, the lowest id on ties
+        let mut g = Sampler::new(p(0.0, 1.0, 0, 0));
+        assert_eq!(g.pick_allowed(&l, Some(&mask(&[0, 2, 3]))), 2);
+        assert_eq!(g.pick_allowed(&l, Some(&mask(&[3, 4, 1]))), 1);
+        assert_eq!(g.pick_allowed(&l, Some(&mask(&[0]))), 0);
+        // sampling never leaves the mask, whatever top-k / top-p keep
+        for (t, tp, k) in [(1.0, 1.0, 0), (2.0, 0.5, 0), (1.0, 1.0, 1), (0.7, 0.9, 2)] {
+            for seed in 0..30 {
+                let mut s = Sampler::new(p(t, tp, k, seed));
+                let tok = s.pick_allowed(&l, Some(&mask(&[0, 3])));
+                assert!(tok == 0 || tok == 3, "{tok}");
+            }
+        }
+        // a mask of every token (or an empty one) changes nothing
+        let all = mask(&[0, 1, 2, 3, 4]);
+        for seed in 0..30 {
+            for (t, tp, k) in [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.8, 0.7, 3)] {
+                let mut a = Sampler::new(p(t, tp, k, seed));
+                let mut b = Sampler::new(p(t, tp, k, seed));
+                let mut c = Sampler::new(p(t, tp, k, seed));
+                let want = a.pick(&l);
+                assert_eq!(b.pick_allowed(&l, Some(&all)), want);
+                assert_eq!(c.pick_allowed(&l, Some(&mask(&[]))), want);
+            }
+        }
     }
 }

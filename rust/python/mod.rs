@@ -27,6 +27,7 @@ macro_rules! add_functions {
 
 mod args;
 mod checkpoint;
+mod grammar;
 mod json;
 mod machine;
 mod model;
@@ -195,5 +196,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     machine::register(m)?;
     m.add_class::<model::PyModel>()?;
     session::register(m)?;
+    grammar::register(m)?;
     Ok(())
 }

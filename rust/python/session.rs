@@ -4,7 +4,9 @@
 //! instead of waiting.
 
 use super::args::arg;
+use super::grammar::PyGrammar;
 use super::{run_cancellable, run_reporting, to_py};
+use crate::grammar::Constraint;
 use crate::model::generate::{Generation, Session as CoreSession};
 use crate::model::sample::SampleParams;
 use crate::model::session::Snapshot as CoreSnapshot;
@@ -100,8 +102,10 @@ impl PySession {
     /// `collect()`).
     /// `max_new` is an integer >= 1; `ids` and `stop_ids` are checked against the vocabulary.
     /// `logprobs`: also record each token's log-probability and this many alternatives
-    /// (`Stream.logprobs()` after each step).
-    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids, logprobs=None))]
+    /// (`Stream.logprobs()` after each step). `constraint`: a grammar compiled for this
+    /// model's vocabulary; only what it allows is sampled (from the first token, or once
+    /// `wait_for` is sampled: until then a sampled EOS becomes `wait_for`).
+    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids, logprobs=None, constraint=None, wait_for=None))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -113,6 +117,8 @@ impl PySession {
         seed: u64,
         stop_ids: Vec<u64>,
         logprobs: Option<usize>,
+        constraint: Option<&PyGrammar>,
+        wait_for: Option<u64>,
     ) -> PyResult<PyStream> {
         let max_new = arg(Some(max_new));
         let name = "max_new_tokens";
@@ -129,6 +135,21 @@ impl PySession {
         let mut g = Generation::new(ids, n, params, stop_ids).map_err(to_py)?;
         if let Some(top) = logprobs {
             g = g.with_logprobs(top);
+        }
+        if let Some(c) = constraint {
+            let n = self.model.cfg.vocab_size;
+            if c.vocab.size() != n {
+                return Err(PyValueError::new_err(format!(
+                    "the constraint was compiled for a vocabulary of {} tokens, this model has {n}",
+                    c.vocab.size()
+                )));
+            }
+            let wait = match wait_for {
+                Some(w) => Some(self.model.token_ids(&[w]).map_err(to_py)?[0]),
+                None => None,
+            };
+            let c = Constraint::new(&c.vocab, c.grammar.clone(), wait).map_err(to_py)?;
+            g = g.with_constraint(c);
         }
         Ok(PyStream {
             s: self.s.clone(),
@@ -209,6 +230,15 @@ impl PyStream {
     fn logprobs(&self) -> PyResult<Option<Logprobs>> {
         let g = lock(&self.g)?;
         Ok(g.last_logprobs().map(|l| (l.logprob, l.top.clone())))
+    }
+
+    /// Seconds each constrained step's token mask took to compute, in order (empty without a
+    /// constraint; steps waiting for the constraint's start compute none).
+    fn mask_times(&self) -> PyResult<Vec<f32>> {
+        let g = lock(&self.g)?;
+        Ok(g.constraint()
+            .map(|c| c.mask_times().to_vec())
+            .unwrap_or_default())
     }
 
     /// The generation's remaining tokens, in one call (the same steps as iterating). On

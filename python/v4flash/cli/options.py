@@ -279,6 +279,14 @@ def parser() -> argparse.ArgumentParser:
         help="the prompt is raw text: no chat template (special tokens allowed)",
     )
     run.add_argument("--json", action="store_true", help="print ids, text and stats as JSON")
+    g = run.add_argument_group("structured output (the answer generated under a grammar)")
+    g = g.add_mutually_exclusive_group()
+    g.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="the answer is JSON valid against the JSON Schema in FILE",
+    )
+    g.add_argument("--grammar", metavar="FILE", help="the answer follows the Lark grammar in FILE")
 
     serve = sub.add_parser(
         "serve",

@@ -8,10 +8,12 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..chat.conversation import Conversation, Sampling
 from ..chat.display import PrefillBar, detail_line, status_line
+from ..textapi import prepare_chat, prepare_completion, run_job
 from .common import CliError, err_console, load_model, resolve_model
 
 
@@ -53,6 +55,77 @@ def read_prompt(args: argparse.Namespace, stdin: Any = None) -> str:
     return piped.rstrip() + "\n\n" + arg
 
 
+def response_format(args: argparse.Namespace) -> Any:
+    """``--json-schema FILE`` / ``--grammar FILE`` as a response format (None: neither)."""
+    path = getattr(args, "json_schema", None) or getattr(args, "grammar", None)
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"{path}: cannot read it: {getattr(e, 'strerror', None) or e}", 2) from None
+    if getattr(args, "grammar", None):
+        return {"type": "grammar", "grammar": text}
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise CliError(f"{path}: not a JSON Schema (not JSON: {e})", 2) from None
+    return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": schema}}
+
+
+def run_structured(args, model, prompt, rf, sampling, on_text) -> Any:
+    """The answer under a grammar, through the text API (which compiles it; a grammar it
+    cannot compile is a one-line error): the same fields as the conversation's result."""
+    from types import SimpleNamespace
+
+    kw = dict(
+        max_new_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        response_format=rf,
+        cache=False,
+    )
+    try:
+        if args.raw:
+            job = prepare_completion(model, prompt, **kw)
+        else:
+            msgs = [{"role": "system", "content": args.system}] if args.system else []
+            msgs.append({"role": "user", "content": prompt})
+            job = prepare_chat(
+                model, msgs, thinking=args.thinking, reasoning_effort=args.reasoning_effort, **kw
+            )
+    except ValueError as e:
+        raise CliError(str(e), 2) from None
+    parts: dict = {"reasoning": [], "content": [], "text": []}
+    end: dict = {}
+    for kind, value in run_job(job):
+        if kind in parts:
+            parts[kind].append(value)
+            on_text("content" if kind == "text" else kind, value)
+        elif kind == "end":
+            end = value
+    usage, timings = end["usage"], end["timings"]
+    stats = dict(
+        timings,
+        generated_tokens=usage.completion_tokens,
+        prefill_tokens=usage.prompt_tokens,
+        stop="eos" if end["finish_reason"] in ("stop", "tool_calls") else end["finish_reason"],
+        expert_hit_rate=model.stats().get("expert_hit_rate"),
+    )
+    return SimpleNamespace(
+        prompt_ids=list(job.prompt),
+        ids=end["ids"],
+        text=end["text"],
+        reasoning="".join(parts["reasoning"]),
+        content="".join(parts["content"] + parts["text"]),
+        stop=stats["stop"],
+        stats=stats,
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
@@ -80,8 +153,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         state["phase"] = kind
 
     bar = PrefillBar(err_console() if not args.quiet else None)
+    rf = response_format(args)
     try:
-        if args.raw:
+        if rf is not None:
+            result = run_structured(args, model, prompt, rf, sampling, on_text)
+        elif args.raw:
             conv = Conversation(model, tok, thinking=False)
             result = conv.complete_raw(tok.encode(prompt), sampling, on_text, bar.callback)
         else:

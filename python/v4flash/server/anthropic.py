@@ -178,6 +178,8 @@ def _tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Any]:
             if isinstance(t.get("description"), str):
                 fn["description"] = t["description"]
             fn["parameters"] = schema
+            if t.get("strict") is True:  # the call generated under the schema's grammar
+                fn["strict"] = True
             converted.append({"type": "function", "function": fn})
     choice = body.get("tool_choice")
     if choice is None:
@@ -256,10 +258,27 @@ def parse_request(body: Any) -> ChatRequest:
                 req.reasoning_budget = budget
         elif kind not in ("disabled", None):
             raise BadRequest("thinking.type must be 'enabled' or 'disabled'")
+    req.response_format = _output_format(body)
     stream = body.get("stream", False)
     _need(isinstance(stream, bool), "'stream' must be true or false")
     req.stream = stream
     return req
+
+
+def _output_format(body: Dict[str, Any]) -> Any:
+    """Structured output: ``output_config.format`` (the SDK's ``{"type": "json_schema",
+    "schema": ...}``; the beta's ``output_format`` the same), as a response format."""
+    oc = body.get("output_config")
+    _need(oc is None or isinstance(oc, dict), "'output_config' must be an object")
+    fmt = (oc or {}).get("format", body.get("output_format"))
+    if fmt is None:
+        return None
+    _need(
+        isinstance(fmt, dict) and fmt.get("type") == "json_schema",
+        'output_config.format must be {"type": "json_schema", "schema": {...}}',
+    )
+    _need(isinstance(fmt.get("schema"), dict), "output_config.format.schema must be an object")
+    return {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
 
 
 # --------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def prepare(x: Exchange, req: ChatRequest, param: str = "messages") -> Job:
     except ContextLengthError as err:
         raise ApiError(400, str(err), param=param, code="context_length_exceeded") from None
     except ValueError as err:
-        raise ApiError(400, str(err), param=param) from None
+        raise ApiError(400, str(err), param=getattr(err, "param", param)) from None
     job.reasoning_budget = req.reasoning_budget
     return job
 

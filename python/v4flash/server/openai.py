@@ -148,7 +148,7 @@ def chat_completions(x: Exchange) -> int:
             ),
         )
     except ValueError as err:
-        raise ApiError(400, str(err)) from None
+        raise ApiError(400, str(err), param=getattr(err, "param", None)) from None
     rid = "chatcmpl-" + uuid.uuid4().hex
     head = {"id": rid, "created": int(time.time()), "model": e.name}
     head["system_fingerprint"] = f"v4flash-{__version__}"
@@ -234,9 +234,14 @@ def completions(x: Exchange) -> int:
         raise ApiError(400, "'best_of' must be 1", param="best_of")
     echo = fields.field(body, "echo", (bool,), "true or false") or False
     try:
-        job = _prepare("prompt", lambda: prepare_completion(e.model, prompt, cache=e.cache, **kw))
+        job = _prepare(
+            "prompt",
+            lambda: prepare_completion(
+                e.model, prompt, cache=e.cache, response_format=fields.response_format(body), **kw
+            ),
+        )
     except ValueError as err:
-        raise ApiError(400, str(err), param="prompt") from None
+        raise ApiError(400, str(err), param=getattr(err, "param", "prompt")) from None
     echoed = ""
     if echo:
         echoed = prompt if isinstance(prompt, str) else e.tok.decode(job.prompt)

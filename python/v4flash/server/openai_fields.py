@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..grammars import guided_format, response_structure
 from ..sampling import sample_params
 from .errors import ApiError
 
@@ -205,22 +206,33 @@ def tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Any]:
 
 
 def response_format(body: Dict[str, Any]) -> Any:
+    """The request's ``response_format`` (OpenAI's text, json_object, json_schema; ours:
+    grammar, regex) or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_grammar`` and
+    llama.cpp's ``grammar`` (Lark only), checked; the text API compiles it."""
     rf = body.get("response_format")
-    if rf is None:
-        return None
-    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
-        raise ApiError(400, "'response_format' must be an object with a 'type'")
-    if rf["type"] == "text":
-        return None
-    if rf["type"] == "json_object":
-        return {"type": "object"}
-    if rf["type"] == "json_schema":
-        js = rf.get("json_schema")
-        schema = js.get("schema") if isinstance(js, dict) else None
-        if not isinstance(schema, dict):
-            raise ApiError(400, "'response_format.json_schema.schema' must be an object")
-        return schema
-    raise ApiError(400, f"response_format type {rf['type']!r} is not supported")
+    guided = [k for k in GUIDED if body.get(k) is not None]
+    if rf is not None and guided:
+        raise ApiError(400, f"give 'response_format' or '{guided[0]}', not both", guided[0])
+    if len(guided) > 1:
+        raise ApiError(400, f"give one of {', '.join(guided)}", guided[1])
+    try:
+        if guided:
+            rf = guided_format(body)
+        if rf is not None and (not isinstance(rf, dict) or not isinstance(rf.get("type"), str)):
+            raise ValueError("'response_format' must be an object with a 'type'")
+        if rf is not None and rf["type"] not in FORMATS:
+            raise ValueError(
+                f"response_format type {rf['type']!r} is not supported (one of "
+                f"{', '.join(FORMATS)})"
+            )
+        response_structure(rf)
+    except ValueError as e:
+        raise ApiError(400, str(e), param=guided[0] if guided else "response_format") from None
+    return rf
+
+
+GUIDED = ("guided_json", "guided_regex", "guided_grammar", "grammar")
+FORMATS = ("text", "json_object", "json_schema", "grammar", "regex")
 
 
 def messages(body: Dict[str, Any]) -> List[Dict[str, Any]]:

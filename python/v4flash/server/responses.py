@@ -200,6 +200,8 @@ def parse_request(
             if isinstance(t.get("description"), str):
                 fn["description"] = t["description"]
             fn["parameters"] = t.get("parameters") or {"type": "object"}
+            if t.get("strict") is True:  # the call generated under the schema's grammar
+                fn["strict"] = True
             fns.append({"type": "function", "function": fn})
         req.tools = fns or None
     choice = body.get("tool_choice")

@@ -10,13 +10,15 @@ checked by the engine when it reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..encoding import encoder_file, tool_call_opening
+from ..encoding import encoder_file
+from ..grammars import response_structure
 from ..sampling import sample_params
 from ..tokenizer import encode_prompt_ids
 from .attached import tokenizer_for
+from .constraints import constrain, tool_constraint
 from .stream import normalize_stop
 
 
@@ -47,9 +49,9 @@ class Job:
     stops: List[str]
     mode: str  # "chat" | "thinking" | "raw"
     parse_tools: bool = True
-    forced_ids: List[int] = field(default_factory=list)  # a tool-call opening to feed
-    forced_text: str = ""
-    forced_after_think: bool = False  # thinking mode: feed forced_ids after </think>
+    # a compiled grammar the answer follows (``_core.Grammar``; in thinking mode from
+    # ``</think>`` on), or None
+    constraint: Any = None
     cache: Any = True  # True: the model's cache; False: none; or a PromptCache
     reasoning_budget: Optional[int] = None  # thinking mode: at most this many reasoning tokens
     logprobs: Optional[int] = None  # each token's log-probability and this many alternatives
@@ -99,7 +101,13 @@ def prepare_chat(
     **generation: Any,
 ) -> Job:
     """Encodes and checks a chat request (``ValueError`` for anything wrong, before any work;
-    :class:`ContextLengthError` when the prompt cannot fit). ``generation``: ``temperature``,
+    :class:`ContextLengthError` when the prompt cannot fit; a grammar that cannot be compiled
+    names its problem). ``response_format``: OpenAI's (text, json_object, json_schema), a
+    Lark grammar ``{"type": "grammar", "grammar": ...}``, a regex ``{"type": "regex",
+    "regex": ...}`` or a bare JSON Schema; the answer (after the reasoning in thinking mode)
+    is generated under it. ``tool_choice`` "required" or a named function, or a tool with
+    ``strict: true``, generates the tool-call block under a grammar of the tools' schemas.
+    ``generation``: ``temperature``,
     ``top_p``, ``top_k``, ``seed``, ``stop``, ``cache`` (see :func:`~v4flash.textapi.chat`)."""
     tok = tokenizer_for(model)
     kw = _generation(max_new_tokens, **generation)
@@ -109,7 +117,10 @@ def prepare_chat(
         raise ValueError("messages must be a non-empty list of message dicts")
     if tools is not None and not isinstance(tools, list):
         raise ValueError("tools must be a list of OpenAI tool objects")
-    forced_text, parse_tools = "", True
+    structure = response_structure(response_format)
+    parse_tools = True
+    names: Optional[List[str]] = None
+    forced = False
     if tool_choice in (None, "auto"):
         pass
     elif tool_choice == "none":
@@ -122,8 +133,9 @@ def prepare_chat(
         ]
         if not names:
             raise ValueError("tool_choice asks for a tool call but no tools are given")
+        forced = True
         if tool_choice == "required":
-            forced_text = tool_call_opening()
+            pass
         elif (
             isinstance(tool_choice, dict)
             and tool_choice.get("type") == "function"
@@ -133,7 +145,7 @@ def prepare_chat(
             name = tool_choice["function"]["name"]
             if name not in names:
                 raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
-            forced_text = tool_call_opening(name)
+            names = [name]
         else:
             raise ValueError(
                 "tool_choice must be 'none', 'auto', 'required' or "
@@ -147,26 +159,30 @@ def prepare_chat(
             thinking_mode=mode,
             reasoning_effort=reasoning_effort,
             tools=tools or None,
-            response_format=response_format,
+            response_format=structure.prompt if structure is not None else None,
             encoder_path=encoder_file(getattr(model, "path", ".")),
         )
     except (TypeError, KeyError, AttributeError) as e:  # odd shapes the encoder did not expect
         raise ValueError(f"messages could not be encoded: {e}") from None
-    forced_ids = tok.encode(forced_text) if forced_text else []
     # the prompt ends "<｜Assistant｜><think>" (thinking) or "<｜Assistant｜></think>" (chat)
     thinks = thinking and bool(prompt) and prompt[-1] == tok.think_id
-    after_think = bool(forced_ids) and thinks
-    if forced_ids and not after_think:
-        prompt = prompt + forced_ids
-    _check_context(model, prompt, len(forced_ids) if after_think else 0)
+    _check_context(model, prompt)
+    # the answer's grammar: the tool calls when they are forced or a tool is strict (the
+    # response format then one of the answers), else the response format's
+    strict = any(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("strict")
+        for t in tools or []
+    )
+    if forced or strict:
+        constraint = tool_constraint(model, tools or [], names, forced, structure)
+    else:
+        constraint = constrain(model, structure)
     return Job(
         model=model,
         prompt=prompt,
         mode="thinking" if thinks else "chat",
         parse_tools=parse_tools,
-        forced_ids=forced_ids,
-        forced_text=forced_text,
-        forced_after_think=after_think,
+        constraint=constraint,
         **kw,
     )
 
@@ -176,13 +192,21 @@ def prepare_completion(
     prompt: Union[str, Sequence[int]],
     *,
     max_new_tokens: int = 256,
+    grammar: Optional[str] = None,
+    response_format: Any = None,
     **generation: Any,
 ) -> Job:
     """Checks a raw completion: ``prompt`` is text (tokenized as is, special-token text
-    included, no BOS added) or a list of token ids; ``generation`` as for
-    :func:`prepare_chat`."""
+    included, no BOS added) or a list of token ids; ``grammar`` (a Lark grammar) or
+    ``response_format`` (as for :func:`prepare_chat`) constrains the text; ``generation`` as
+    for :func:`prepare_chat`."""
     tok = tokenizer_for(model)
     kw = _generation(max_new_tokens, **generation)
+    if grammar is not None and response_format is not None:
+        raise ValueError("give grammar or response_format, not both")
+    if grammar is not None:
+        response_format = {"type": "grammar", "grammar": grammar}
+    structure = response_structure(response_format)
     if isinstance(prompt, str):
         ids = tok.encode(prompt)
     elif isinstance(prompt, (list, tuple)) and all(
@@ -194,4 +218,4 @@ def prepare_completion(
     if not ids:
         raise ValueError("the prompt is empty")
     _check_context(model, ids)
-    return Job(model=model, prompt=ids, mode="raw", **kw)
+    return Job(model=model, prompt=ids, mode="raw", constraint=constrain(model, structure), **kw)

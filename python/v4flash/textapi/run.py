@@ -1,15 +1,15 @@
 """Running a :class:`~v4flash.textapi.prompts.Job`: :func:`run_job` checks a session out of
 the prompt cache (or takes a fresh one), prefills what the session does not hold yet, then
 generates token by token, decoding UTF-8 safely, cutting at stop strings, splitting
-reasoning / content / tool calls, and feeding a forced tool call's opening where the job asks
-for one. Everything comes out as ``(kind, value)`` events, which the public functions
-(``api``) and the server's dialects turn into their own shapes.
+reasoning / content / tool calls, under the job's grammar when it has one (a response
+format, forced or strict tool calls). Everything comes out as ``(kind, value)`` events,
+which the public functions (``api``) and the server's dialects turn into their own shapes.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..resume import History, turn_boundary
 from .attached import cache_for, tokenizer_for
@@ -53,7 +53,8 @@ def run_job(
     during the prefill (prompt tokens done of total, those taken from the cache included).
     Closing the iterator early is fine too: the session goes back to the cache either way.
     A job's ``reasoning_budget`` caps the reasoning: when it is spent, ``</think>`` is fed
-    and the answer follows.
+    and the answer follows. A job's ``constraint`` (a compiled grammar) holds the answer to
+    it, from the first token (chat, raw) or from ``</think>`` on (thinking).
     """
     model, tok = job.model, tokenizer_for(job.model)
     cache = _cache_of(job)
@@ -106,7 +107,6 @@ def run_job(
         budget = min(job.max_new_tokens, room)
         feed = prompt[cut:]
         extra_prompt = 0
-        pending_force = job.forced_after_think
         think_budget = job.reasoning_budget if in_reasoning else None
         t_first: Optional[float] = None
         finish: Optional[str] = None
@@ -120,13 +120,9 @@ def run_job(
             else:
                 yield from splitter.push(text)
 
-        if job.forced_text and not job.forced_after_think:
-            shown.append(job.forced_text)
-            yield from splitter.push(job.forced_text)
-
         while finish is None:
-            inject = close_think = False
-            args = dict(
+            close_think = False
+            args: Dict[str, Any] = dict(
                 max_new_tokens=budget - len(ids),
                 temperature=job.temperature,
                 top_p=job.top_p,
@@ -134,6 +130,11 @@ def run_job(
                 seed=(job.seed + len(ids)) % (1 << 64),
                 stop_ids=[tok.eos_id],
             )
+            if job.constraint is not None:
+                # the answer's grammar; in the reasoning it waits for </think> (a sampled
+                # EOS there becomes </think>: the answer is never left out)
+                args["constraint"] = job.constraint
+                args["wait_for"] = tok.end_think_id if in_reasoning else None
             if job.logprobs is None:
                 stream = sess.stream(feed, **args)
             else:
@@ -153,7 +154,6 @@ def run_job(
                     if in_reasoning and t == tok.end_think_id:
                         in_reasoning = False
                         reasoning_tokens = len(ids)
-                        inject = pending_force
                     yield from route(matcher.push(dec.push(t)))
                     if matcher.stopped is not None:
                         finish = "stop"
@@ -163,7 +163,7 @@ def run_job(
                         break
                     if in_reasoning and think_budget is not None and len(ids) >= think_budget:
                         close_think = True
-                    if inject or close_think or len(ids) >= budget:
+                    if close_think or len(ids) >= budget:
                         break
             finally:
                 close = getattr(stream, "close", None)
@@ -175,27 +175,8 @@ def run_job(
                 reasoning_tokens = len(ids)
                 yield from route(matcher.push(dec.push(tok.end_think_id)))
                 feed = [tok.end_think_id]
-                if pending_force:
-                    pending_force = False
-                    yield from route(matcher.push(dec.flush()))
-                    yield from route(matcher.flush())
-                    shown.append(job.forced_text)
-                    yield from splitter.push(job.forced_text)
-                    feed += list(job.forced_ids)
                 extra_prompt += len(feed)
                 budget = min(budget, room - extra_prompt)
-                if budget <= len(ids):
-                    finish = "length"
-            elif finish is None and inject and len(ids) < budget:
-                # tool_choice forces a call: after the reasoning, feed the block's opening
-                pending_force = False
-                yield from route(matcher.push(dec.flush()))
-                yield from route(matcher.flush())
-                shown.append(job.forced_text)
-                yield from splitter.push(job.forced_text)
-                feed = list(job.forced_ids)
-                extra_prompt += len(feed)
-                budget = min(budget, room - extra_prompt)  # prompt + answer + opening <= ctx
                 if budget <= len(ids):
                     finish = "length"
             elif finish is None:
