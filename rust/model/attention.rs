@@ -14,7 +14,7 @@ use std::ops::Range;
 
 /// Heads of one token per attention task: they share the token's keys, read once per task
 /// for all of them; 8 of V4's 64 heads leave 8 tasks per token for the pool.
-const ATTEND_HEADS: usize = 8;
+pub(super) const ATTEND_HEADS: usize = 8;
 
 pub struct IndexerWeights {
     pub comp: CompressorWeights,
@@ -96,18 +96,22 @@ impl AttnWeights {
     /// state. Every product runs once over all n rows, whatever sequences they belong to;
     /// the window, compressors, indexer and attention of a row read its own sequence's state
     /// only, so each row's output is the same as in a call of its sequence alone.
-    pub fn forward(&self, cx: &Ctx, parts: &mut [Part], x: &[f32], n: usize) -> Buf {
-        let c = cx.cfg;
-        let (nh, d) = (c.num_heads, c.head_dim);
-        let eps = c.rms_norm_eps;
-        let rope = if self.kind == LayerKind::Sliding {
+    /// The rope of this layer's attention: the main one for sliding-window layers, the
+    /// compressed one for CSA/HCA.
+    pub fn rope<'a>(&self, cx: &Ctx<'a>) -> &'a Rope {
+        if self.kind == LayerKind::Sliding {
             cx.rope_main
         } else {
             cx.rope_comp
-        };
-        let (pos, part_of) = rows_of(parts, n);
+        }
+    }
 
-        // q path: [n, q_lora] → [n, NH·D]
+    /// The query path for x [n, H] at positions `pos`: (qr [n, q_lora], the q_norm'ed low-rank
+    /// query the indexer reads too; q [n, NH·D], each head RMS-normed then roped).
+    pub fn queries(&self, cx: &Ctx, x: &[f32], n: usize, pos: &[usize]) -> (Buf, Buf) {
+        let c = cx.cfg;
+        let (nh, d, eps) = (c.num_heads, c.head_dim, c.rms_norm_eps);
+        let rope = self.rope(cx);
         let mut qr = self.wq_a.forward_in(cx.numerics, x, n);
         for r in qr.chunks_exact_mut(c.q_lora_rank) {
             ops::rms_norm(r, &self.q_norm, eps);
@@ -119,17 +123,37 @@ impl AttnWeights {
             }
             rope.apply(qt, d, pos[t], 1.0);
         }
-        // kv: [n, D]
+        (qr, q)
+    }
+
+    /// The window keys (= values) of x [n, H] at positions `pos`: kv_norm(wkv · x), roped;
+    /// [n, D]. In official numerics the non-rope dims go through FP8 after norm and rope
+    /// (DeepSeek's reference `Attention.forward`, revision 60d8d70).
+    pub fn keys(&self, cx: &Ctx, x: &[f32], n: usize, pos: &[usize]) -> Buf {
+        let c = cx.cfg;
+        let d = c.head_dim;
+        let rope = self.rope(cx);
         let mut kv = self.wkv.forward_in(cx.numerics, x, n);
         for (t, k) in kv.chunks_exact_mut(d).enumerate() {
-            ops::rms_norm(k, &self.kv_norm, eps);
+            ops::rms_norm(k, &self.kv_norm, c.rms_norm_eps);
             rope.apply(k, d, pos[t], 1.0);
         }
-        // official: the non-rope dims of the window kv through FP8, after norm and rope
-        // (DeepSeek's reference `Attention.forward`, revision 60d8d70)
         if cx.numerics.official() {
             quant::fp8_kv_qdq(&mut kv, d, c.rope_dim);
         }
+        kv
+    }
+
+    pub fn forward(&self, cx: &Ctx, parts: &mut [Part], x: &[f32], n: usize) -> Buf {
+        let c = cx.cfg;
+        let (nh, d) = (c.num_heads, c.head_dim);
+        let eps = c.rms_norm_eps;
+        let (pos, part_of) = rows_of(parts, n);
+
+        // q path: [n, q_lora] → [n, NH·D]
+        let (qr, q) = self.queries(cx, x, n, &pos);
+        // kv: [n, D]
+        let kv = self.keys(cx, x, n, &pos);
         // per part: its window then its new rows, [prev + len, D] at positions pos0 - prev ..
         let keys: Vec<(Vec<f32>, usize)> = parts
             .iter_mut()
@@ -223,6 +247,23 @@ impl AttnWeights {
                     kernels::attend(qh, &ks, scale, &self.sinks[h0..h0 + heads], out);
                 });
         }
+        let out = self.output(cx, &mut o, n, &pos);
+
+        // each sequence keeps its last W-1 tokens for the next call
+        for (p, (k, _)) in parts.iter_mut().zip(&keys) {
+            let total = k.len() / d;
+            let keep = total.min(w.saturating_sub(1));
+            p.st.window = k[(total - keep) * d..].to_vec();
+        }
+        out
+    }
+
+    /// The output side for the attention outputs o [n, NH·D] of rows at positions `pos`: each
+    /// head's rope dims de-rotated (in place), then the grouped output projection; [n, H].
+    pub fn output(&self, cx: &Ctx, o: &mut [f32], n: usize, pos: &[usize]) -> Buf {
+        let c = cx.cfg;
+        let (nh, d) = (c.num_heads, c.head_dim);
+        let rope = self.rope(cx);
         for (t, ot) in o.chunks_exact_mut(nh * d).enumerate() {
             rope.apply(ot, d, pos[t], -1.0);
         }
@@ -251,15 +292,7 @@ impl AttnWeights {
                     .copy_from_slice(&y[t * r..(t + 1) * r]);
             }
         }
-        let out = self.wo_b.forward_in(cx.numerics, &z, n);
-
-        // each sequence keeps its last W-1 tokens for the next call
-        for (p, (k, _)) in parts.iter_mut().zip(&keys) {
-            let total = k.len() / d;
-            let keep = total.min(w.saturating_sub(1));
-            p.st.window = k[(total - keep) * d..].to_vec();
-        }
-        out
+        self.wo_b.forward_in(cx.numerics, &z, n)
     }
 
     /// The lightning indexer: for each of the n queries (row t at position pos[t] of part

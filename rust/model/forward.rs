@@ -39,6 +39,8 @@ pub struct Seq<'a> {
 struct Hooks<'a> {
     cancel: &'a (dyn Fn() -> bool + Sync),
     report: &'a (dyn Fn(u64) + Sync),
+    /// Records the streams entering some layers (`Capture`; opt-in, None on the normal path).
+    capture: Option<&'a super::capture::Capture>,
 }
 
 /// A sequence's share of a span: its index in the batch, its rows of the span's tokens, and
@@ -101,6 +103,18 @@ impl Model {
         cancel: &(dyn Fn() -> bool + Sync),
         report: &(dyn Fn(u64) + Sync),
     ) -> Result<Vec<Vec<f32>>> {
+        self.forward_batch_capturing(seqs, cancel, report, None)
+    }
+
+    /// `forward_batch_reporting`, recording into `capture` (when given) the streams entering
+    /// its layers (`capture::Capture`): reading them changes no result.
+    pub(super) fn forward_batch_capturing(
+        &self,
+        seqs: &mut [Seq<'_>],
+        cancel: &(dyn Fn() -> bool + Sync),
+        report: &(dyn Fn(u64) + Sync),
+        capture: Option<&super::capture::Capture>,
+    ) -> Result<Vec<Vec<f32>>> {
         let done = AtomicU64::new(0);
         let report = |n: u64| report(done.fetch_add(n, Ordering::Relaxed) + n);
         let report = &report;
@@ -125,7 +139,12 @@ impl Model {
         // to the plan's scratch and span bytes, and let go when it ends (`scratch`)
         let limit = self.plan.scratch_bytes.saturating_add(self.plan.span_bytes);
         let scope = scratch::global().scope(usize::try_from(limit).unwrap_or(usize::MAX));
-        let r = self.forward_spans(seqs, Hooks { cancel, report });
+        let hooks = Hooks {
+            cancel,
+            report,
+            capture,
+        };
+        let r = self.forward_spans(seqs, hooks);
         drop(scope);
         if r.is_err() {
             // every sequence back to its snapshot, even if one of them could not be
@@ -220,7 +239,11 @@ impl Model {
         shares: &[Share],
         h: Hooks,
     ) -> Result<Vec<(usize, Vec<f32>)>> {
-        let Hooks { cancel, report } = h;
+        let Hooks {
+            cancel,
+            report,
+            capture,
+        } = h;
         let c = &self.cfg;
         let ids: Vec<u32> = shares
             .iter()
@@ -259,6 +282,10 @@ impl Model {
                         pos0: p0,
                     });
                 }
+            }
+            if let Some(cap) = capture {
+                let rows = shares.iter().map(|s| (s.seq, s.rows.clone(), s.ids.start));
+                cap.record(l, &x, c.hc_mult, c.hidden_size, rows);
             }
             self.run_layer(&cx, l, &mut parts, &mut x, &ids, cancel)?;
             report(n as u64);
@@ -443,7 +470,7 @@ impl Model {
     /// collapsed, RMS-normed block input [n, H]. Tokens in parallel (on the pool this runs
     /// in): each token's values come from its own streams alone, so they are the same
     /// whatever the thread count.
-    fn hc_in(
+    pub(super) fn hc_in(
         &self,
         hcw: &hc::HyperConn,
         norm: &[f32],
@@ -475,7 +502,7 @@ const HC_MIN_TOKENS: usize = 4;
 
 /// The output side: writes each token's block output back into its streams, tokens in
 /// parallel (each token's streams depend on its own values alone).
-fn hc_out(x: &mut [f32], out: &[f32], mixes: &[hc::HcMix], hcm: usize) {
+pub(super) fn hc_out(x: &mut [f32], out: &[f32], mixes: &[hc::HcMix], hcm: usize) {
     let n = mixes.len();
     if n == 0 {
         return;

@@ -3,6 +3,7 @@
 //! prefill just passes more tokens per call.
 
 pub mod attention;
+pub mod capture;
 pub mod compressor;
 mod forward;
 pub mod generate;
