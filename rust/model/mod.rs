@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod capture;
 pub mod compressor;
+pub mod dspark;
 mod forward;
 pub mod generate;
 pub mod hc;
@@ -97,6 +98,8 @@ pub struct Model {
     /// Unique per loaded model in this process: sessions and snapshots carry it, so a
     /// snapshot is only ever restored into a session of the model that made it.
     pub id: u64,
+    /// The DSpark drafter, when loaded (`LoadOptions::drafter`).
+    pub drafter: Option<dspark::DSpark>,
 }
 
 /// Source of `Model::id`.
@@ -168,6 +171,14 @@ impl Model {
             layers.push(load_layer(&mut ld, c, l)?);
         }
         let resident_bytes = ld.finish()?;
+        let drafter = if opts.drafter {
+            if cancel() {
+                return Err(Error::Cancelled);
+            }
+            Some(dspark::DSpark::load(&ck, c, opts, plan.drafter_slots)?)
+        } else {
+            None
+        };
         Ok(Model {
             rope_main: Rope::main(c),
             rope_comp: Rope::compress(c),
@@ -191,6 +202,7 @@ impl Model {
             resident_bytes,
             counters: Counters::default(),
             id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
+            drafter,
         })
     }
 
@@ -263,7 +275,24 @@ fn embed_row(m: &crate::kernels::MatRef, id: usize, h: usize) -> Result<Vec<f32>
 
 /// Layer `l`'s resident weights; their shapes come from the expected table (`Loader`).
 fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
-    let p = format!("layers.{l}");
+    load_block(
+        ld,
+        c,
+        &format!("layers.{l}"),
+        c.layer_kinds[l],
+        c.is_hash_layer(l),
+    )
+}
+
+/// The resident weights of the block with checkpoint prefix `p` (a layer's `layers.N`, or a
+/// drafter stage's `mtp.S`), of attention kind `kind`, hash-routed or not.
+fn load_block(
+    ld: &mut Loader,
+    c: &ModelConfig,
+    p: &str,
+    kind: LayerKind,
+    hash: bool,
+) -> Result<Layer> {
     let hcw = |ld: &mut Loader, which: &str| -> Result<HyperConn> {
         Ok(HyperConn {
             fn_w: ld.floats(&format!("{p}.hc_{which}_fn"))?,
@@ -273,7 +302,6 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
     };
     let hc_attn = hcw(ld, "attn")?;
     let hc_ffn = hcw(ld, "ffn")?;
-    let kind = c.layer_kinds[l];
     let a = format!("{p}.attn");
     let comp = |ld: &mut Loader,
                 pre: &str,
@@ -328,7 +356,6 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
         indexer,
     };
     let f = format!("{p}.ffn");
-    let hash = c.is_hash_layer(l);
     let moe = MoeWeights {
         gate: ld.dense(&format!("{f}.gate"))?,
         bias: if hash {
