@@ -112,6 +112,45 @@ fn drafts_match_the_torch_reference() {
 }
 
 #[test]
+fn drafts_do_not_depend_on_the_threads_and_run_in_every_numerics_mode() {
+    let r = reference();
+    let case = &r["cases"][1];
+    let prompt = ids(&case["ids"]);
+    let dr = &case["drafts"][2];
+    let (p, last) = (
+        dr["pos"].as_u64().unwrap() as usize,
+        dr["last"].as_u64().unwrap() as u32,
+    );
+    let run = |threads: usize, numerics: crate::kernels::Numerics| {
+        let opts = LoadOptions {
+            threads: std::num::NonZeroUsize::new(threads),
+            numerics,
+            drafter: true,
+            ..LoadOptions::default()
+        };
+        let m = Model::load(&root().join("tiny-b"), &opts).unwrap();
+        let (_, ds) = observed(&m, &prompt, p + 1);
+        m.draft_full(&ds, last, 5).unwrap()
+    };
+    for numerics in crate::kernels::Numerics::ALL {
+        let (a, b) = (run(1, numerics), run(3, numerics));
+        assert_eq!(a.tokens, b.tokens, "{numerics:?}");
+        assert!(a
+            .logits
+            .iter()
+            .zip(&b.logits)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert!(a.logits.iter().all(|x| x.is_finite()), "{numerics:?}");
+        if numerics == crate::kernels::Numerics::Exact {
+            assert_eq!(
+                a.tokens.iter().map(|t| t.0).collect::<Vec<_>>(),
+                ids(&dr["tokens"])
+            );
+        }
+    }
+}
+
+#[test]
 fn capture_leaves_the_logits_bitwise_and_matches_the_reference() {
     let m = load("tiny-b", true).unwrap();
     let r = reference();
