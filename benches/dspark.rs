@@ -54,6 +54,16 @@ fn main() {
         println!("{}: no DSpark drafter", args[0]);
         return;
     };
+    // the caches' background pre-fault first: while it runs, waves use only the warm slots
+    // (`ExpertStore::max_batch`) and a draft's experts can evict each other
+    let t = Instant::now();
+    while m.experts.prefault_running() || d.experts.prefault_running() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    println!(
+        "pre-fault done after {:.1} s more",
+        t.elapsed().as_secs_f64()
+    );
     let p = &m.plan;
     println!(
         "loaded in {:.1} s: {} threads; drafter resident {:.2} GB, its expert cache {} slots \
