@@ -29,6 +29,9 @@ pub struct LoadOptions {
     /// The per-model switches (`lookahead`, `prefault`, `io_uring`; `Tuning::from_env` by
     /// default). Its kernel switches are the process's (`Tuning::process`).
     pub tuning: Tuning,
+    /// Load the checkpoint's DSpark drafter (`model::dspark`): its resident tensors and an
+    /// expert cache of its own, counted in the plan. Off by default.
+    pub drafter: bool,
 }
 
 impl Default for LoadOptions {
@@ -43,6 +46,7 @@ impl Default for LoadOptions {
             ctx: None,
             numerics: Numerics::Exact,
             tuning: Tuning::from_env(),
+            drafter: false,
         }
     }
 }
@@ -52,7 +56,7 @@ const MAX_RAM_GB: f64 = (1u64 << 20) as f64;
 
 impl LoadOptions {
     /// The options `set` takes, in the order the docs list them.
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 12] = [
         "ram_gb",
         "threads",
         "expert_cache_mb",
@@ -64,6 +68,7 @@ impl LoadOptions {
         "lookahead",
         "prefault",
         "io_uring",
+        "drafter",
     ];
 
     /// Sets option `name` from `v` (an absent value keeps the default):
@@ -73,7 +78,8 @@ impl LoadOptions {
     /// - `expert_cache_mb`: the expert cache in MiB (> 0; at least one expert);
     /// - `io`: `direct`, `buffered` or `mmap`; `cache_policy`: `freq-decay` or `lru`;
     ///   `numerics`: one of `Numerics::ALL`;
-    /// - `lookahead`, `prefault`, `io_uring`: the per-model switches of `Tuning`, true or false.
+    /// - `lookahead`, `prefault`, `io_uring`: the per-model switches of `Tuning`, true or false;
+    /// - `drafter`: load the DSpark drafter (`model::dspark`), true or false.
     ///
     /// Errors name the option; an unknown name is `Error::UnknownOption`.
     pub fn set(&mut self, name: &str, v: &Arg) -> Result<()> {
@@ -120,6 +126,7 @@ impl LoadOptions {
             "lookahead" => self.tuning.lookahead = v.switch(name)?.unwrap_or(self.tuning.lookahead),
             "prefault" => self.tuning.prefault = v.switch(name)?.unwrap_or(self.tuning.prefault),
             "io_uring" => self.tuning.io_uring = v.switch(name)?.unwrap_or(self.tuning.io_uring),
+            "drafter" => self.drafter = v.switch(name)?.unwrap_or(self.drafter),
             _ => {
                 return Err(Error::UnknownOption(format!(
                     "unknown option {name:?} (the options are {})",
@@ -185,6 +192,7 @@ mod tests {
             ("lookahead", "False"),
             ("prefault", "False"),
             ("io_uring", "False"),
+            ("drafter", "True"),
         ];
         let names: Vec<&str> = given.iter().map(|(n, _)| *n).collect();
         assert_eq!(
@@ -204,11 +212,12 @@ mod tests {
         assert_eq!((o.io, o.policy), (IoMode::Mmap, Policy::Lru));
         assert_eq!((o.io_threads.get(), o.numerics), (2, Numerics::Fast));
         assert!(!o.tuning.lookahead && !o.tuning.prefault && !o.tuning.io_uring);
+        assert!(o.drafter);
         // absent values keep the defaults
         let d = options(&[("threads", "None"), ("io", "None")]).unwrap();
         assert_eq!(
-            (d.threads, d.io, d.io_threads.get()),
-            (None, IoMode::Direct, 8)
+            (d.threads, d.io, d.io_threads.get(), d.drafter),
+            (None, IoMode::Direct, 8, false)
         );
     }
 

@@ -44,8 +44,13 @@ pub struct Plan {
     pub available: Option<u64>,
     /// Resident weights: everything but the routed experts and the drafter.
     pub dense_bytes: u64,
-    /// The drafter's tensors in the checkpoint (`mtp.*`): never loaded, not in the total.
+    /// The drafter's tensors in the checkpoint (`mtp.*`), loaded or not.
     pub drafter_bytes: u64,
+    /// What a loaded drafter (`LoadOptions::drafter`) keeps resident, and its own expert
+    /// cache: slots and bytes. All 0 when the drafter is not loaded; in the total.
+    pub drafter_resident_bytes: u64,
+    pub drafter_slots: usize,
+    pub drafter_cache_bytes: u64,
     /// Of which the embedding and the output head.
     pub embed_head_bytes: u64,
     /// One session's state at the full context, plus one snapshot of its windows.
@@ -73,6 +78,8 @@ impl Plan {
     /// Saturating, although `plan()` refuses any plan whose sums overflow.
     pub fn total_bytes(&self) -> u64 {
         self.dense_bytes
+            .saturating_add(self.drafter_resident_bytes)
+            .saturating_add(self.drafter_cache_bytes)
             .saturating_add(self.state_bytes)
             .saturating_add(self.scratch_bytes)
             .saturating_add(self.span_bytes)
@@ -99,6 +106,11 @@ pub fn resolve_ctx(cfg: &ModelConfig, ctx: Option<NonZeroUsize>) -> Result<usize
 /// expert cache: the slot size from its experts' layouts, then `plan`.
 pub fn plan_for(ck: &Checkpoint, c: &ModelConfig, ctx: usize, opts: &LoadOptions) -> Result<Plan> {
     let slot = crate::store::slot_size(ck, c)?;
+    let drafter = if opts.drafter {
+        Some(DrafterNeed::of(ck, c)?)
+    } else {
+        None
+    };
     plan(
         ck,
         c,
@@ -106,7 +118,45 @@ pub fn plan_for(ck: &Checkpoint, c: &ModelConfig, ctx: usize, opts: &LoadOptions
         opts.ram_bytes,
         opts.expert_cache_bytes,
         slot as u64,
+        drafter,
     )
+}
+
+/// What a loaded DSpark drafter takes besides the model: its resident tensors (their bytes
+/// in the checkpoint; the few float vectors widened to f32 add kilobytes) and its own expert
+/// cache (`model::dspark::drafter_slots` slots of its experts' slot size).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DrafterNeed {
+    pub resident_bytes: u64,
+    pub slots: usize,
+    pub slot_bytes: u64,
+}
+
+impl DrafterNeed {
+    /// The need of `c`'s drafter in `ck`: an error when it has none to load (no DSpark keys),
+    /// or when its tensors are not all there.
+    pub fn of(ck: &Checkpoint, c: &ModelConfig) -> Result<DrafterNeed> {
+        let d = crate::model::dspark::require(c)?;
+        let mut resident = 0u64;
+        for t in crate::checkpoint::expected::drafter_dense_tensors(c) {
+            let info = ck
+                .expect(&t.name, t.dtypes, &t.shape)
+                .map_err(|e| crate::model::dspark::missing(ck, e))?;
+            resident = resident.saturating_add(info.len);
+        }
+        let blocks = crate::model::dspark::blocks(c, d);
+        let (_, slot) = crate::store::layout::plan_blocks(ck, c, &blocks, false)
+            .map_err(|e| crate::model::dspark::missing(ck, e))?;
+        Ok(DrafterNeed {
+            resident_bytes: resident,
+            slots: crate::model::dspark::drafter_slots(c, d),
+            slot_bytes: slot as u64,
+        })
+    }
+
+    fn cache_bytes(&self) -> Option<u64> {
+        (self.slots as u64).checked_mul(self.slot_bytes)
+    }
 }
 
 /// The plan for the checkpoint in `dir` with `opts`, without loading any weights (its config
@@ -216,6 +266,7 @@ pub fn plan(
     ram_bytes: Option<u64>,
     expert_cache_bytes: Option<u64>,
     slot_bytes: u64,
+    drafter: Option<DrafterNeed>,
 ) -> Result<Plan> {
     let sizes = TableBytes::of_checkpoint(ck);
     if sizes.overflow {
@@ -223,13 +274,22 @@ pub fn plan(
             "the checkpoint's tensors add up to more than 2^64 bytes".into(),
         ));
     }
+    let drafter = drafter.unwrap_or_default();
+    let drafter_cache = drafter
+        .cache_bytes()
+        .ok_or_else(|| beyond_u64(ctx, "the drafter's expert cache"))?;
+    // the drafter's resident tensors and cache count as dense: they are fixed once loaded
     let dense = sizes.dense_bytes;
+    let dense_all = [drafter.resident_bytes, drafter_cache]
+        .iter()
+        .try_fold(dense, |a, &b| a.checked_add(b))
+        .ok_or_else(|| beyond_u64(ctx, "the dense weights and the drafter"))?;
     let total_experts = c.num_layers.saturating_mul(c.n_routed_experts);
     let state = state_bytes(c, ctx)?;
     let scratch = scratch_bytes(c, PREFILL_CHUNK_MIN)?;
     let fixed = [state, scratch, OVERHEAD_BYTES]
         .iter()
-        .try_fold(dense, |a, &b| a.checked_add(b))
+        .try_fold(dense_all, |a, &b| a.checked_add(b))
         .ok_or_else(|| {
             beyond_u64(
                 ctx,
@@ -249,11 +309,12 @@ pub fn plan(
             if b < need {
                 return Err(Error::Memory(format!(
                     "a RAM budget of {:.2} GB cannot run this model: it needs at least {:.2} GB \
-                     (dense weights {:.2} GB + session state for {ctx} tokens {:.2} GB + scratch {:.2} GB \
+                     (dense weights{} {:.2} GB + session state for {ctx} tokens {:.2} GB + scratch {:.2} GB \
                      + overhead {:.2} GB + {min_slots} expert slots {:.2} GB); raise --ram or lower --ctx",
                     gb(b),
                     gb(need),
-                    gb(dense),
+                    if drafter.slots > 0 { " and drafter" } else { "" },
+                    gb(dense_all),
                     gb(state),
                     gb(scratch),
                     gb(OVERHEAD_BYTES),
@@ -341,6 +402,9 @@ pub fn plan(
         available,
         dense_bytes: dense,
         drafter_bytes: sizes.drafter_bytes,
+        drafter_resident_bytes: drafter.resident_bytes,
+        drafter_slots: drafter.slots,
+        drafter_cache_bytes: drafter_cache,
         embed_head_bytes: sizes.embed_head_bytes,
         state_bytes: state,
         scratch_bytes: scratch,
@@ -449,7 +513,7 @@ mod tests {
         for ram in [Some(2_000_000_000u64), Some(u64::MAX), None] {
             for ctx in [1usize << 58, 1 << 62] {
                 let ctx = resolve_ctx(&c, NonZeroUsize::new(ctx)).unwrap();
-                match plan(&ck, &c, ctx, ram, None, slot) {
+                match plan(&ck, &c, ctx, ram, None, slot, None) {
                     Err(Error::Memory(m)) => {
                         assert!(m.contains("too large for any memory budget"), "{m}")
                     }
@@ -458,12 +522,12 @@ mod tests {
             }
         }
         // a large context that does not overflow is refused with the size it needs
-        match plan(&ck, &c, 1 << 40, Some(2_000_000_000), None, slot) {
+        match plan(&ck, &c, 1 << 40, Some(2_000_000_000), None, slot, None) {
             Err(Error::Memory(m)) => assert!(m.contains("it needs at least"), "{m}"),
             other => panic!("expected Error::Memory, got {other:?}"),
         }
         // and an ordinary one fits, with a total that adds up
-        let p = plan(&ck, &c, 4096, Some(2_000_000_000), None, slot).unwrap();
+        let p = plan(&ck, &c, 4096, Some(2_000_000_000), None, slot, None).unwrap();
         assert!(p.total_bytes() <= 2_000_000_000);
         assert_eq!(
             p.total_bytes(),

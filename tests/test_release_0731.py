@@ -1,8 +1,8 @@
 """The checkpoint people download today, DeepSeek-V4-Flash-0731: ``fixtures/tiny-b`` has its
 shape (``compress_ratios`` = layers + 3 DSpark drafter stages, the four ``dspark_*`` keys, the
-stages ``mtp.0``..``mtp.2`` in their own shards). Every command runs it; the drafter is checked
-but never read; a broken drafter disables the drafter, never the model; other releases and bad
-``dspark_*`` values are refused with one line naming the key."""
+stages ``mtp.0``..``mtp.2`` in their own shards). Every command runs it; the drafter is checked,
+and read only when asked for (``drafter=True``); a broken drafter disables the drafter, never the
+model; other releases and bad ``dspark_*`` values are refused with one line naming the key."""
 
 from __future__ import annotations
 
@@ -63,8 +63,28 @@ def test_info_and_doctor_report_the_drafter(capsys):
 
 def test_the_plan_counts_no_drafter_byte():
     ins = inspect_checkpoint(TINY_B, tokenizer=False)
-    assert v4flash.plan(TINY_B, ram_gb=2)["dense_bytes"] == ins.sizes["dense"]
+    plan = v4flash.plan(TINY_B, ram_gb=2)
+    assert plan["dense_bytes"] == ins.sizes["dense"]
     assert ins.sizes["drafter"] > 0
+    assert plan["drafter_resident_bytes"] == plan["drafter_cache_bytes"] == 0
+    assert plan["drafter_slots"] == 0
+
+
+def test_the_drafter_loads_on_request_and_the_plan_counts_it():
+    """drafter=True loads the DSpark drafter (its drafts are checked against the torch
+    reference by the core's tests, rust/model/dspark/tests.rs); the plan counts its resident
+    tensors and its own expert cache; the model answers as without it."""
+    plain, plan = v4flash.plan(TINY_B, ram_gb=2), v4flash.plan(TINY_B, ram_gb=2, drafter=True)
+    assert 0 < plan["drafter_resident_bytes"] <= plan["drafter_bytes"]
+    assert plan["drafter_slots"] > 0 and plan["drafter_cache_bytes"] > 0
+    extra = plan["drafter_resident_bytes"] + plan["drafter_cache_bytes"]
+    assert plan["total_bytes"] - plain["total_bytes"] == extra
+    m = v4flash.load(TINY_B, drafter=True)
+    assert m.plan()["drafter_slots"] == plan["drafter_slots"]
+    ids = [0, 5, 9, 77, 300]
+    assert np.array_equal(m.logits(ids), v4flash.load(TINY_B).logits(ids))
+    with pytest.raises(ValueError, match="no DSpark drafter"):
+        v4flash.load(FIXTURES / "tiny-a", drafter=True)
 
 
 def test_run_and_chat_answer_as_the_reference():
@@ -153,6 +173,10 @@ def test_a_broken_drafter_is_a_warning_and_the_model_runs(tmp_path, capsys, how)
     # the engine loads and answers exactly as with the whole checkpoint
     ids = [0, 5, 9, 77, 300]
     assert np.array_equal(v4flash.load(d).logits(ids), v4flash.load(TINY_B).logits(ids))
+    # asking for the drafter is an error naming what is wrong, in planning and loading
+    for call in (v4flash.plan, v4flash.load):
+        with pytest.raises(v4flash.V4FlashError, match=words[0].replace(".", r"\.")):
+            call(d, ram_gb=2, drafter=True)
 
 
 def test_a_broken_model_shard_is_still_an_error(tmp_path):

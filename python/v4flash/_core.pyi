@@ -92,6 +92,9 @@ class Plan(TypedDict):
     available_bytes: int | None
     dense_bytes: int
     drafter_bytes: int
+    drafter_resident_bytes: int
+    drafter_slots: int
+    drafter_cache_bytes: int
     embed_head_bytes: int
     state_bytes: int
     scratch_bytes: int

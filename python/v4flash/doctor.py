@@ -130,11 +130,18 @@ def plan_line(plan: Dict[str, Any], threads: Optional[int], numerics: str = "exa
     else:
         ram = f"none (available {gb(avail)})" if avail else "none"
     drafter = plan.get("drafter_bytes")
+    loaded = plan.get("drafter_resident_bytes", 0) + plan.get("drafter_cache_bytes", 0)
+    if loaded:
+        drafter_note = f"drafter {gb(loaded)} loaded ({plan['drafter_slots']} expert slots) · "
+    elif drafter:
+        drafter_note = f"drafter {gb(drafter)} not loaded · "
+    else:
+        drafter_note = ""
     return (
         f"plan: RAM budget {ram} · resident "
         f"{gb(plan['dense_bytes'])} · expert cache {gb(plan['cache_bytes'])} "
         f"({plan['slots']}/{plan['total_experts']} experts, {frac:.0%}) · "
-        + (f"drafter {gb(drafter)} not loaded · " if drafter else "")
+        + drafter_note
         + f"kernels {kernel_tier()} · {numerics} numerics{_products(numerics)} · {n_threads}"
     )
 

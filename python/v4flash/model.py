@@ -336,7 +336,10 @@ def load(
       Hadamard-rotated FP4 indexer); ``benches/fidelity.py`` and ``benches/official.py``
       measure how far each moves the output;
     - ``lookahead``, ``prefault``, ``io_uring``: this model's switches (default: the
-      environment's ``V4FLASH_LOOKAHEAD``, ``V4FLASH_PREFAULT``, ``V4FLASH_IO_URING``; on).
+      environment's ``V4FLASH_LOOKAHEAD``, ``V4FLASH_PREFAULT``, ``V4FLASH_IO_URING``; on);
+    - ``drafter``: also load the 0731 release's DSpark drafter (its resident tensors and an
+      expert cache of its own, in the plan; default off; a checkpoint without one is a
+      ``ValueError``). No generation loop uses it yet (docs/model.md §8).
     """
     p = Path(path)
     config = load_config(p)

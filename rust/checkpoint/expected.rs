@@ -5,7 +5,8 @@
 //! The expert store locates and checks the routed experts with `expert_part`. `doctor` and
 //! `bench` get the table through `_core.expected_tensors`. The drafter a release carries
 //! (`mtp.*`: the first release's MTP block, 0731's DSpark stages) has its own table,
-//! `drafter_tensors`, which `info` and `doctor` check; the engine reads none of it yet.
+//! `drafter_tensors`, which `info` and `doctor` check and a loaded DSpark drafter
+//! (`model::dspark`) reads.
 //!
 //! The first accepted dtype of each entry is the one DeepSeek's release stores
 //! (docs/checkpoint.md §3), so the table also gives the published checkpoint's sizes.
@@ -58,7 +59,13 @@ pub const EXPERT_PARTS: [&str; 6] = [
 
 /// The checkpoint name of part `k` (`EXPERT_PARTS`) of routed expert `e` of layer `l`.
 pub fn expert_part_name(l: usize, e: usize, k: usize) -> String {
-    format!("layers.{l}.ffn.experts.{e}.{}", EXPERT_PARTS[k])
+    block_expert_part_name(&format!("layers.{l}"), e, k)
+}
+
+/// The checkpoint name of part `k` (`EXPERT_PARTS`) of routed expert `e` of block `block`
+/// (`layers.N`, or a drafter stage's `mtp.S`).
+pub fn block_expert_part_name(block: &str, e: usize, k: usize) -> String {
+    format!("{block}.ffn.experts.{e}.{}", EXPERT_PARTS[k])
 }
 
 /// The accepted dtypes and the shape of part `k` (`EXPERT_PARTS`) of every routed expert: FP4
@@ -94,8 +101,8 @@ pub fn is_routed_expert(name: &str) -> bool {
 /// The prefix of every drafter tensor (`mtp.0.…`, `mtp.1.…`).
 pub const DRAFTER_PREFIX: &str = "mtp.";
 
-/// Whether `name` is a tensor of the drafter (`mtp.*`): never read by the engine, never in
-/// the memory plan. The one test for it.
+/// Whether `name` is a tensor of the drafter (`mtp.*`): read only when the drafter is loaded
+/// (`model::dspark`), never part of the model's dense set. The one test for it.
 pub fn is_drafter(name: &str) -> bool {
     name.starts_with(DRAFTER_PREFIX)
 }
@@ -247,11 +254,26 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
 /// first stage, and `norm`, `hc_head_*`, the Markov head (`markov_w1`, `markov_w2`, BF16
 /// [vocab, rank]) and the confidence head (BF16 [1, H + rank]) to the last.
 pub fn drafter_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
+    drafter_table(c, true)
+}
+
+/// `drafter_tensors` without the routed experts: what a drafter keeps resident (its loader's
+/// table), block by block.
+pub fn drafter_dense_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
+    drafter_table(c, false)
+}
+
+/// The checkpoint prefix of the drafter's block `b` (`mtp.0`, `mtp.1`, …).
+pub fn drafter_block(b: usize) -> String {
+    format!("{DRAFTER_PREFIX}{b}")
+}
+
+fn drafter_table(c: &ModelConfig, experts: bool) -> Vec<ExpectedTensor> {
     let h = c.hidden_size;
     let mut t = Table(Vec::new());
     let n = c.drafter.blocks();
     for b in 0..n {
-        let p = format!("{DRAFTER_PREFIX}{b}");
+        let p = drafter_block(b);
         t.block(c, &p, LayerKind::Sliding, false);
         match &c.drafter {
             Drafter::None => {}
@@ -284,7 +306,9 @@ pub fn drafter_tensors(c: &ModelConfig) -> Vec<ExpectedTensor> {
                 }
             }
         }
-        t.experts(c, &p);
+        if experts {
+            t.experts(c, &p);
+        }
     }
     t.0
 }

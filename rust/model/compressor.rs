@@ -10,6 +10,7 @@
 
 use super::rope::Rope;
 use crate::kernels::{hadamard, ops, quant};
+use crate::scratch::Buf;
 
 /// What official numerics does to an entry after its norm and rope (DeepSeek's reference
 /// `Compressor.forward` in `inference/model.py`, revision 60d8d70): nothing in the other
@@ -65,19 +66,26 @@ impl CompressorWeights {
         }
     }
 
-    /// Feeds n tokens (normed hidden states x [n, H]); emits every window that closes, each
-    /// entry finished by `qdq`.
-    pub fn push(
+    /// The raw projections of n tokens (normed hidden states x [n, H]): kv and gate, each
+    /// [n, c·d]. One product over all the tokens given, whichever sequences they belong to
+    /// (each row depends on its own token alone).
+    pub fn project(&self, x: &[f32], n: usize) -> (Buf, Buf) {
+        (self.wkv.forward(x, n), self.wgate.forward(x, n))
+    }
+
+    /// Feeds the projections (`project`) kv and gate [n, c·d] of n consecutive tokens of one
+    /// sequence; emits every window that closes, each entry finished by `qdq`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_projected(
         &self,
         st: &mut CompState,
-        x: &[f32],
+        kv: &[f32],
+        gate: &[f32],
         n: usize,
         rope: &Rope,
         eps: f32,
         qdq: EntryQdq,
     ) {
-        let kv = self.wkv.forward(x, n); // [n, c·d]
-        let gate = self.wgate.forward(x, n); // [n, c·d]
         let w = self.width();
         for t in 0..n {
             st.pend_kv.extend_from_slice(&kv[t * w..(t + 1) * w]);
@@ -88,6 +96,11 @@ impl CompressorWeights {
                 st.pend_gate.clear();
             }
         }
+    }
+
+    /// Width c·d of one token's projection (the row length of `project`'s outputs).
+    pub fn row_width(&self) -> usize {
+        self.width()
     }
 
     fn emit(&self, st: &mut CompState, rope: &Rope, eps: f32, qdq: EntryQdq) {

@@ -7,6 +7,7 @@
 //! local. The same hook reports the lightning indexer's selections, which the normal forward
 //! pass does not expose.
 
+use super::attention::Part;
 use super::{Model, State};
 use crate::config::LayerKind;
 use crate::error::{Error, Result};
@@ -62,7 +63,12 @@ impl Model {
         let cx = self.ctx(Some(&trace));
         let mut st = State::new(c.num_layers, self.id);
         self.experts.next_token(ids.len() as u64);
-        self.run_layer(&cx, l, &mut st.layers[l], &mut xs, ids, 0, cancel)?;
+        let mut parts = [Part {
+            st: &mut st.layers[l],
+            rows: 0..ids.len(),
+            pos0: 0,
+        }];
+        self.run_layer(&cx, l, &mut parts, &mut xs, ids, cancel)?;
         let sel = trace
             .into_inner()
             .map_err(|_| Error::arg("internal: the indexer trace was poisoned"))?;

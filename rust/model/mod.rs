@@ -3,7 +3,10 @@
 //! prefill just passes more tokens per call.
 
 pub mod attention;
+pub mod capture;
 pub mod compressor;
+pub mod dspark;
+mod forward;
 pub mod generate;
 pub mod hc;
 pub mod layer_probe;
@@ -16,15 +19,13 @@ pub mod weights;
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-use crate::kernels::{ops, Numerics};
+use crate::kernels::Numerics;
 use crate::plan::Plan;
-use crate::scratch::{self, Buf};
 use crate::store::{ExpertStore, StoreOptions};
 use attention::{AttnWeights, Ctx, IndexerWeights};
 use compressor::CompressorWeights;
 use hc::HyperConn;
 use moe::MoeWeights;
-use rayon::prelude::*;
 use rope::Rope;
 use session::State;
 use std::path::Path;
@@ -34,6 +35,7 @@ use std::time::Instant;
 use weights::{Linear, Loader};
 
 pub use crate::options::LoadOptions;
+pub use forward::Seq;
 
 pub struct Layer {
     pub attn_norm: Vec<f32>,
@@ -96,18 +98,12 @@ pub struct Model {
     /// Unique per loaded model in this process: sessions and snapshots carry it, so a
     /// snapshot is only ever restored into a session of the model that made it.
     pub id: u64,
+    /// The DSpark drafter, when loaded (`LoadOptions::drafter`).
+    pub drafter: Option<dspark::DSpark>,
 }
 
 /// Source of `Model::id`.
 static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(1);
-
-/// What a forward pass polls and tells as it goes: `cancel` (between layers and chunks) and
-/// `report(tokens x layers done)` after each layer.
-#[derive(Clone, Copy)]
-struct Hooks<'a> {
-    cancel: &'a (dyn Fn() -> bool + Sync),
-    report: &'a (dyn Fn(u64) + Sync),
-}
 
 /// What logits a forward call returns.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -175,6 +171,14 @@ impl Model {
             layers.push(load_layer(&mut ld, c, l)?);
         }
         let resident_bytes = ld.finish()?;
+        let drafter = if opts.drafter {
+            if cancel() {
+                return Err(Error::Cancelled);
+            }
+            Some(dspark::DSpark::load(&ck, c, opts, plan.drafter_slots)?)
+        } else {
+            None
+        };
         Ok(Model {
             rope_main: Rope::main(c),
             rope_comp: Rope::compress(c),
@@ -198,6 +202,7 @@ impl Model {
             resident_bytes,
             counters: Counters::default(),
             id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
+            drafter,
         })
     }
 
@@ -237,169 +242,6 @@ impl Model {
         self.check_ids(ids)?;
         Ok(ids.iter().map(|&t| t as u32).collect())
     }
-
-    /// Runs `ids` through the model, advancing `st`. On error (including cancellation) the
-    /// state is restored to what it was before the call.
-    pub fn forward(
-        &self,
-        st: &mut State,
-        ids: &[u32],
-        want: Want,
-        cancel: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<f32>> {
-        self.forward_reporting(st, ids, want, cancel, &|_| {})
-    }
-
-    /// `forward`, calling `report(done)` after each layer of each span, with done = the
-    /// tokens x layers finished so far (of ids.len() x layers), and checking `cancel` right
-    /// after: a caller can show prefill progress, or stop it from `report`.
-    pub fn forward_reporting(
-        &self,
-        st: &mut State,
-        ids: &[u32],
-        want: Want,
-        cancel: &(dyn Fn() -> bool + Sync),
-        report: &(dyn Fn(u64) + Sync),
-    ) -> Result<Vec<f32>> {
-        let done = AtomicU64::new(0);
-        let report = |n: u64| report(done.fetch_add(n, Ordering::Relaxed) + n);
-        let report = &report;
-        self.check_ids(ids)?;
-        if st.pos() + ids.len() > self.ctx {
-            return Err(Error::arg(format!(
-                "the sequence would reach {} tokens ({} already in the session + {} new), more than the context of {} tokens (set a larger ctx / --ctx)",
-                st.pos() + ids.len(),
-                st.pos(),
-                ids.len(),
-                self.ctx
-            )));
-        }
-        if st.owner() != self.id {
-            return Err(Error::arg(
-                "this session state belongs to another model (load the session from the model it was made with)",
-            ));
-        }
-        // The forward pass runs on the calling thread and hands only compute to the pool:
-        // it waits for experts, which a pool worker must never do (see store::slots).
-        if self.pool.current_thread_index().is_some() {
-            return Err(Error::arg(
-                "internal: a forward pass was started from the model's own compute pool",
-            ));
-        }
-        let snap = st.snapshot();
-        let t0 = Instant::now();
-        // the pass's working buffers are reused from layer to layer and chunk to chunk, up
-        // to the plan's scratch and span bytes, and let go when it ends (`scratch`)
-        let limit = self.plan.scratch_bytes.saturating_add(self.plan.span_bytes);
-        let scope = scratch::global().scope(usize::try_from(limit).unwrap_or(usize::MAX));
-        let r = self.forward_chunks(st, ids, want, Hooks { cancel, report });
-        drop(scope);
-        if r.is_err() {
-            st.rollback(&snap)?;
-        } else {
-            let (tok, ns) = if ids.len() == 1 {
-                (&self.counters.decode_tokens, &self.counters.decode_ns)
-            } else {
-                (&self.counters.prefill_tokens, &self.counters.prefill_ns)
-            };
-            tok.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
-        r
-    }
-
-    fn forward_chunks(
-        &self,
-        st: &mut State,
-        ids: &[u32],
-        want: Want,
-        h: Hooks,
-    ) -> Result<Vec<f32>> {
-        // spans as long as the plan allows (each reads its experts once per layer)
-        let size = self.plan.prefill_span.max(self.plan.prefill_chunk).max(1);
-        let mut out = Vec::new();
-        let n_spans = ids.len().div_ceil(size);
-        for (si, span) in ids.chunks(size).enumerate() {
-            let w = match want {
-                Want::All => Want::All,
-                Want::Last if si + 1 == n_spans => Want::Last,
-                _ => Want::None,
-            };
-            out.extend(self.forward_span(st, span, w, h)?);
-        }
-        Ok(out)
-    }
-
-    /// One span of tokens through every layer, layer by layer: a layer's attention runs over
-    /// the span in chunks of `plan.prefill_chunk` (each advancing that layer's state in
-    /// order), then its MoE over all of the span's tokens at once, so each routed expert is
-    /// read at most once per layer per span. Every token's result is bit-identical to any
-    /// other split (attention sees the same state; the kernels and the expert sum do not
-    /// depend on the batch).
-    fn forward_span(&self, st: &mut State, ids: &[u32], want: Want, h: Hooks) -> Result<Vec<f32>> {
-        let Hooks { cancel, report } = h;
-        let c = &self.cfg;
-        let n = ids.len();
-        // within the context: `forward_reporting` checked the whole call
-        let pos0 = st.pos();
-        let mut x = self.embed_streams(ids)?; // [n, hc, H]
-        let cx = self.ctx(None);
-        // The hash layers' experts are known from the token ids: start reading them now, in
-        // layer order, at most half the cache in all. (Each layer's own share used to be
-        // capped, not the sum: a long prompt's later hash layers then evicted the first
-        // one's prefetches before it ran; 196 tokens on a 137-slot cache read 87 experts,
-        // 10 % of the bytes, for nothing.) What does not fit is prefetched by the layer
-        // before, once its last experts are pinned (`MoeWeights::forward`'s `next`).
-        self.experts.next_token(n as u64);
-        let mut budget = (self.experts.max_batch() / 2).max(1);
-        for l in 0..c.num_hash_layers.min(c.num_layers) {
-            if let Some(es) = self.layers[l].moe.hash_experts(ids, c.experts_per_tok) {
-                let take = es.len().min(budget);
-                self.experts.prefetch(l, &es[..take]);
-                budget -= take;
-            }
-        }
-        for l in 0..self.layers.len() {
-            self.run_layer(&cx, l, &mut st.layers[l], &mut x, ids, pos0, cancel)?;
-            report(n as u64);
-            if cancel() {
-                return Err(Error::Cancelled);
-            }
-        }
-        st.tokens.extend_from_slice(ids);
-        let rows: Vec<usize> = match want {
-            Want::None => return Ok(Vec::new()),
-            Want::Last => vec![n - 1],
-            Want::All => (0..n).collect(),
-        };
-        Ok(self.head_logits(&x, &rows))
-    }
-
-    /// The logits [rows.len(), V] of the given tokens' final streams (x: [n, hc, H]).
-    fn head_logits(&self, x: &[f32], rows: &[usize]) -> Vec<f32> {
-        let c = &self.cfg;
-        let (h, hcm) = (c.hidden_size, c.hc_mult);
-        let mut hs = vec![0f32; rows.len() * h];
-        for (i, &t) in rows.iter().enumerate() {
-            let mut v = hc::head_collapse(
-                &x[t * hcm * h..(t + 1) * hcm * h],
-                &self.hc_head_fn,
-                &self.hc_head_base,
-                self.hc_head_scale,
-                hcm,
-                c.hc_eps,
-                c.rms_norm_eps,
-            );
-            ops::rms_norm(&mut v, &self.norm, c.rms_norm_eps);
-            hs[i * h..(i + 1) * h].copy_from_slice(&v);
-        }
-        let t0 = Instant::now();
-        let logits = self.pool.install(|| self.head.forward_vec(&hs, rows.len()));
-        self.counters
-            .head_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        logits
-    }
 }
 
 impl Model {
@@ -414,154 +256,6 @@ impl Model {
             sel_trace,
         }
     }
-
-    /// Layer `l` over n tokens at positions pos0.. with streams x [n, hc, H], in place:
-    /// its attention chunk by chunk (X' = post ⊗ attn(norm(pre · X)) + combᵀ · X, each
-    /// chunk advancing `lst`), with the MoE block's input side for the same tokens, then its
-    /// MoE over all n tokens at once.
-    #[allow(clippy::too_many_arguments)]
-    fn run_layer(
-        &self,
-        cx: &Ctx,
-        l: usize,
-        lst: &mut attention::AttnState,
-        x: &mut [f32],
-        ids: &[u32],
-        pos0: usize,
-        cancel: &(dyn Fn() -> bool + Sync),
-    ) -> Result<()> {
-        let c = &self.cfg;
-        let (h, hcm, n) = (c.hidden_size, c.hc_mult, ids.len());
-        let layer = &self.layers[l];
-        let pool = &self.pool;
-        let chunk = self.plan.prefill_chunk.max(1);
-        let stream = hcm * h;
-        let mut ffn_mixes = Vec::with_capacity(n);
-        // [n, H]
-        let mut ffn_in = scratch::zeroed(n * h);
-        // Look-ahead: a learned-routing layer's experts are known only after its attention.
-        // Guess them from the layer's input (the FFN's mix, norm and router applied to the
-        // pre-attention streams) and start reading them, so the reads overlap the attention.
-        // A guess only warms the expert cache; no result depends on it.
-        let guess = if self.lookahead {
-            pool.install(|| {
-                let (_, y) = self.hc_in(&layer.hc_ffn, &layer.ffn_norm, x, n);
-                layer.moe.guess_experts(c, &y, n)
-            })
-        } else {
-            None
-        };
-        if let Some(es) = &guess {
-            let cap = (self.experts.max_batch() / 2).max(1);
-            self.experts.prefetch(l, &es[..es.len().min(cap)]);
-        }
-        for a in (0..n).step_by(chunk) {
-            if cancel() {
-                return Err(Error::Cancelled);
-            }
-            let b = (a + chunk).min(n);
-            let xs = &mut x[a * stream..b * stream];
-            let (mixes, xin) = pool.install(|| {
-                let (mixes, xin) = self.hc_in(&layer.hc_attn, &layer.attn_norm, xs, b - a);
-                let t0 = Instant::now();
-                let o = layer.attn.forward(cx, lst, &xin, b - a, pos0 + a);
-                self.counters
-                    .attn_ns
-                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                hc_out(xs, &o, &mixes, hcm);
-                self.hc_in(&layer.hc_ffn, &layer.ffn_norm, xs, b - a)
-            });
-            ffn_in[a * h..b * h].copy_from_slice(&xin);
-            ffn_mixes.extend(mixes);
-        }
-        // the next layer's experts, where its token ids tell them (a hash layer)
-        let next = self
-            .layers
-            .get(l + 1)
-            .and_then(|nl| nl.moe.hash_experts(ids, c.experts_per_tok))
-            .map(|es| (l + 1, es));
-        let t0 = Instant::now();
-        let (f, used) = layer.moe.forward(
-            c,
-            l,
-            &self.experts,
-            pool,
-            self.numerics,
-            (&ffn_in, ids, n),
-            next.as_ref().map(|(nl, es)| (*nl, es.as_slice())),
-        )?;
-        self.counters
-            .moe_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if let Some(es) = &guess {
-            // count the guesses the layer used (`used` is ascending, `es` by votes)
-            let hit = es.iter().filter(|e| used.binary_search(e).is_ok()).count();
-            let cn = &self.counters;
-            cn.guessed.fetch_add(es.len() as u64, Ordering::Relaxed);
-            cn.guessed_used.fetch_add(hit as u64, Ordering::Relaxed);
-            cn.guess_needed
-                .fetch_add(used.len() as u64, Ordering::Relaxed);
-        }
-        pool.install(|| hc_out(x, &f, &ffn_mixes, hcm));
-        Ok(())
-    }
-
-    /// The first layer's input streams [n, hc, H]: each id's embedding in every stream.
-    fn embed_streams(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let (h, hcm) = (self.cfg.hidden_size, self.cfg.hc_mult);
-        let mut x = vec![0f32; ids.len() * hcm * h];
-        let emb = self.embed.mat();
-        for (t, &id) in ids.iter().enumerate() {
-            let row = embed_row(&emb, id as usize, h)?;
-            for j in 0..hcm {
-                x[(t * hcm + j) * h..(t * hcm + j + 1) * h].copy_from_slice(&row);
-            }
-        }
-        Ok(x)
-    }
-
-    /// One hyper-connection's input side for n tokens: the mixes of x [n, hc, H] and the
-    /// collapsed, RMS-normed block input [n, H]. Tokens in parallel (on the pool this runs
-    /// in): each token's values come from its own streams alone, so they are the same
-    /// whatever the thread count.
-    fn hc_in(&self, hcw: &HyperConn, norm: &[f32], x: &[f32], n: usize) -> (Vec<hc::HcMix>, Buf) {
-        let c = &self.cfg;
-        let (h, hcm) = (c.hidden_size, c.hc_mult);
-        let mixes: Vec<hc::HcMix> = x[..n * hcm * h]
-            .par_chunks(hcm * h)
-            .with_min_len(HC_MIN_TOKENS)
-            .map(|xt| hcw.mix(xt, hcm, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps))
-            .collect();
-        let mut xin = scratch::zeroed(n * h);
-        xin.par_chunks_mut(h)
-            .with_min_len(HC_MIN_TOKENS)
-            .zip(mixes.par_iter())
-            .for_each(|(dst, m)| {
-                dst.copy_from_slice(&m.collapsed);
-                ops::rms_norm(dst, norm, c.rms_norm_eps);
-            });
-        (mixes, xin)
-    }
-}
-
-/// Fewest tokens per parallel piece of the hyper-connections' per-token work (`hc_in`,
-/// `hc_out`; tens of microseconds per token at V4-Flash widths).
-const HC_MIN_TOKENS: usize = 4;
-
-/// The output side: writes each token's block output back into its streams, tokens in
-/// parallel (each token's streams depend on its own values alone).
-fn hc_out(x: &mut [f32], out: &[f32], mixes: &[hc::HcMix], hcm: usize) {
-    let n = mixes.len();
-    if n == 0 {
-        return;
-    }
-    let h = out.len() / n;
-    x[..n * hcm * h]
-        .par_chunks_mut(hcm * h)
-        .with_min_len(HC_MIN_TOKENS)
-        .zip(out.par_chunks(h))
-        .zip(mixes.par_iter())
-        .for_each(|((xt, ot), m)| hc::write_back(xt, ot, m, hcm));
 }
 
 /// Row `id` of the embedding [V, H] as f32. The loader keeps it in BF16 or f32 (F16 is widened
@@ -581,7 +275,24 @@ fn embed_row(m: &crate::kernels::MatRef, id: usize, h: usize) -> Result<Vec<f32>
 
 /// Layer `l`'s resident weights; their shapes come from the expected table (`Loader`).
 fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
-    let p = format!("layers.{l}");
+    load_block(
+        ld,
+        c,
+        &format!("layers.{l}"),
+        c.layer_kinds[l],
+        c.is_hash_layer(l),
+    )
+}
+
+/// The resident weights of the block with checkpoint prefix `p` (a layer's `layers.N`, or a
+/// drafter stage's `mtp.S`), of attention kind `kind`, hash-routed or not.
+fn load_block(
+    ld: &mut Loader,
+    c: &ModelConfig,
+    p: &str,
+    kind: LayerKind,
+    hash: bool,
+) -> Result<Layer> {
     let hcw = |ld: &mut Loader, which: &str| -> Result<HyperConn> {
         Ok(HyperConn {
             fn_w: ld.floats(&format!("{p}.hc_{which}_fn"))?,
@@ -591,7 +302,6 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
     };
     let hc_attn = hcw(ld, "attn")?;
     let hc_ffn = hcw(ld, "ffn")?;
-    let kind = c.layer_kinds[l];
     let a = format!("{p}.attn");
     let comp = |ld: &mut Loader,
                 pre: &str,
@@ -646,7 +356,6 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
         indexer,
     };
     let f = format!("{p}.ffn");
-    let hash = c.is_hash_layer(l);
     let moe = MoeWeights {
         gate: ld.dense(&format!("{f}.gate"))?,
         bias: if hash {
@@ -673,5 +382,7 @@ fn load_layer(ld: &mut Loader, c: &ModelConfig, l: usize) -> Result<Layer> {
     })
 }
 
+#[cfg(test)]
+mod tests_batch;
 #[cfg(test)]
 mod tests_fixtures;

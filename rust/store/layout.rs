@@ -11,8 +11,64 @@ use crate::error::Result;
 /// Slot-part indices of the three scale tensors (`checkpoint::expected::EXPERT_PARTS` order).
 pub const SCALE_PARTS: [usize; 3] = [1, 3, 5];
 
+use crate::checkpoint::expected::block_expert_part_name;
 /// The checkpoint name of part `k` of expert `e` of layer `l`.
 pub use crate::checkpoint::expected::expert_part_name as part_name;
+use std::sync::Arc;
+
+/// The blocks whose routed experts a store holds, by checkpoint prefix (`layers.N` for the
+/// model, `mtp.S` for a drafter's stages), each with `n_experts`: the store's "layer" `l` is
+/// block `l` of this list, and expert key `l * n_experts + e`.
+#[derive(Clone, Debug)]
+pub struct Blocks {
+    pub prefixes: Arc<Vec<String>>,
+    pub n_experts: usize,
+}
+
+impl Blocks {
+    /// The model's layers `layers.0` .. `layers.{L-1}`.
+    pub fn of_model(c: &ModelConfig) -> Blocks {
+        Blocks::new(
+            (0..c.num_layers).map(|l| format!("layers.{l}")).collect(),
+            c,
+        )
+    }
+
+    pub fn new(prefixes: Vec<String>, c: &ModelConfig) -> Blocks {
+        Blocks {
+            prefixes: Arc::new(prefixes),
+            n_experts: c.n_routed_experts,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.prefixes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.prefixes.is_empty()
+    }
+
+    fn split(&self, key: u32) -> (&str, usize) {
+        let (l, e) = (
+            key as usize / self.n_experts.max(1),
+            key as usize % self.n_experts.max(1),
+        );
+        (self.prefixes.get(l).map_or("?", |p| p.as_str()), e)
+    }
+
+    /// "`block`.ffn.experts.E" for an expert key.
+    pub fn expert_name(&self, key: u32) -> String {
+        let (b, e) = self.split(key);
+        format!("{b}.ffn.experts.{e}")
+    }
+
+    /// The checkpoint name of part `k` of the expert of `key`.
+    pub fn part_name(&self, key: u32, k: usize) -> String {
+        let (b, e) = self.split(key);
+        block_expert_part_name(b, e, k)
+    }
+}
 
 /// Where one of an expert's six tensors lives in the checkpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -121,13 +177,13 @@ pub fn envelope(off: u64, len: u64) -> usize {
 pub fn expert_parts(
     ck: &Checkpoint,
     c: &ModelConfig,
-    l: usize,
+    block: &str,
     e: usize,
     check: bool,
 ) -> Result<[Part; 6]> {
     let mut parts = [Part::default(); 6];
     for (k, part) in parts.iter_mut().enumerate() {
-        let name = part_name(l, e, k);
+        let name = block_expert_part_name(block, e, k);
         let t = if check {
             let (dtypes, shape) = expected::expert_part(c, k);
             ck.expect(&name, dtypes, &shape)?
@@ -143,14 +199,24 @@ pub fn expert_parts(
     Ok(parts)
 }
 
-/// Every expert's layout (indexed by layer * n_experts + expert) and the slot size: the
-/// largest layout rounded up to ALIGN.
+/// Every expert's layout of the model's layers (indexed by layer * n_experts + expert) and
+/// the slot size: the largest layout rounded up to ALIGN.
 pub fn plan_all(ck: &Checkpoint, c: &ModelConfig, check: bool) -> Result<(Vec<Layout>, usize)> {
-    let mut layouts = Vec::with_capacity(c.num_layers * c.n_routed_experts);
+    plan_blocks(ck, c, &Blocks::of_model(c), check)
+}
+
+/// `plan_all` for the experts of `blocks` (indexed by block * n_experts + expert).
+pub fn plan_blocks(
+    ck: &Checkpoint,
+    c: &ModelConfig,
+    blocks: &Blocks,
+    check: bool,
+) -> Result<(Vec<Layout>, usize)> {
+    let mut layouts = Vec::with_capacity(blocks.len() * c.n_routed_experts);
     let mut size = 0usize;
-    for l in 0..c.num_layers {
+    for b in blocks.prefixes.iter() {
         for e in 0..c.n_routed_experts {
-            let (lay, s) = layout(&expert_parts(ck, c, l, e, check)?);
+            let (lay, s) = layout(&expert_parts(ck, c, b, e, check)?);
             size = size.max(s);
             layouts.push(lay);
         }

@@ -16,7 +16,7 @@
 //! Scales are checked for the F8_E8M0 NaN byte the first time each expert is used, as the
 //! reading modes check them after every read, so every I/O mode rejects the same bytes.
 
-use super::layout::{Layout, SCALE_PARTS};
+use super::layout::{Blocks, Layout, SCALE_PARTS};
 use super::worker::scan_scales;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -33,11 +33,11 @@ pub(crate) struct MmapStore {
     layouts: Arc<Vec<Layout>>,
     /// [key] the expert's scales were checked
     checked: Vec<AtomicBool>,
-    n_experts: usize,
+    blocks: Blocks,
 }
 
 impl MmapStore {
-    pub fn open(ck: &Checkpoint, layouts: Arc<Vec<Layout>>, n_experts: usize) -> Result<MmapStore> {
+    pub fn open(ck: &Checkpoint, layouts: Arc<Vec<Layout>>, blocks: Blocks) -> Result<MmapStore> {
         let mut maps = Vec::new();
         let mut files = Vec::new();
         let mut names = Vec::new();
@@ -58,13 +58,12 @@ impl MmapStore {
             names,
             layouts,
             checked,
-            n_experts,
+            blocks,
         })
     }
 
     fn name(&self, key: u32) -> String {
-        let (l, e) = (key as usize / self.n_experts, key as usize % self.n_experts);
-        format!("layers.{l}.ffn.experts.{e}")
+        self.blocks.expert_name(key)
     }
 
     /// Checks that the experts' bytes are still in their files (and inside the mappings),
@@ -102,9 +101,9 @@ impl MmapStore {
                     scan_scales(
                         self.part(key, k),
                         &self.names[lay.files[k].shard as usize],
+                        &self.blocks,
                         key,
                         k,
-                        self.n_experts,
                     )?;
                 }
                 self.checked[key as usize].store(true, Ordering::Release);

@@ -192,7 +192,20 @@ impl ExpertStore {
     /// Locates and checks (dtype, shape) every routed expert tensor without reading data,
     /// and starts the backend.
     pub fn open(ck: Arc<Checkpoint>, c: &ModelConfig, opts: &StoreOptions) -> Result<ExpertStore> {
-        let (layouts, slot_size) = layout::plan_all(&ck, c, true)?;
+        Self::open_blocks(ck, c, layout::Blocks::of_model(c), opts)
+    }
+
+    /// `open` for the routed experts of `blocks` (a drafter's stages have a store of their
+    /// own: its cache never evicts the model's experts): "layer" `l` of every call is block
+    /// `l` of the list.
+    pub fn open_blocks(
+        ck: Arc<Checkpoint>,
+        c: &ModelConfig,
+        blocks: layout::Blocks,
+        opts: &StoreOptions,
+    ) -> Result<ExpertStore> {
+        let (layouts, slot_size) = layout::plan_blocks(&ck, c, &blocks, true)?;
+        let n_layers = blocks.len();
         let expert_bytes = layouts
             .first()
             .map_or(0, |l| l.files.iter().map(|p| p.len as usize).sum());
@@ -201,10 +214,7 @@ impl ExpertStore {
         let counters = Arc::new(StoreCounters::default());
         let mode = opts.io;
         let (backend, n_slots) = if mode == IoMode::Mmap {
-            (
-                Backend::Mmap(MmapStore::open(&ck, layouts, c.n_routed_experts)?),
-                0,
-            )
+            (Backend::Mmap(MmapStore::open(&ck, layouts, blocks)?), 0)
         } else {
             let n = opts.slots.clamp(1, n_total.max(1));
             let mut files = Vec::with_capacity(ck.shards.len());
@@ -223,7 +233,7 @@ impl ExpertStore {
                 layouts,
                 Arc::new(region),
                 counters.clone(),
-                c.n_routed_experts,
+                blocks,
                 opts.policy,
             ));
             (Backend::Slots(SlotStore::start(sh, mode, opts)?), n)
@@ -232,7 +242,7 @@ impl ExpertStore {
             backend,
             counters,
             n_experts: c.n_routed_experts,
-            n_layers: c.num_layers,
+            n_layers,
             inter: c.moe_inter,
             hidden: c.hidden_size,
             slot_size,

@@ -121,7 +121,8 @@ pub(crate) struct Shared {
     pub inner: Mutex<Inner>,
     pub cv: Condvar,
     pub counters: Arc<StoreCounters>,
-    pub n_experts: usize,
+    /// The blocks the keys name (`layout::Blocks`).
+    pub blocks: super::layout::Blocks,
     pub policy: Policy,
     /// The read engine that runs now ("io_uring", "pread-pool", or "pread-pool (io_uring
     /// failed: …)" after a ring failure).
@@ -138,7 +139,7 @@ impl Shared {
         layouts: Arc<Vec<Layout>>,
         region: Arc<Region>,
         counters: Arc<StoreCounters>,
-        n_experts: usize,
+        blocks: super::layout::Blocks,
         policy: Policy,
     ) -> Shared {
         let slots = (0..region.n_slots)
@@ -166,7 +167,7 @@ impl Shared {
             }),
             cv: Condvar::new(),
             counters,
-            n_experts,
+            blocks,
             policy,
             engine: Mutex::new(String::new()),
             #[cfg(all(test, target_os = "linux"))]
@@ -196,10 +197,9 @@ impl Shared {
             .clone()
     }
 
-    /// "layers.L.ffn.experts.E" for a key.
+    /// "layers.L.ffn.experts.E" (or a drafter stage's "mtp.S.…") for a key.
     pub fn expert_name(&self, key: u32) -> String {
-        let (l, e) = (key as usize / self.n_experts, key as usize % self.n_experts);
-        format!("layers.{l}.ffn.experts.{e}")
+        self.blocks.expert_name(key)
     }
 
     /// Slots that can be used at all (not quarantined).

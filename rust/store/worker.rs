@@ -3,7 +3,7 @@
 //! for it). Also the synchronous path the io_uring engine falls back to for anything unusual,
 //! and the scale check every freshly read expert goes through.
 
-use super::layout::{part_name, ReadOp, SCALE_PARTS};
+use super::layout::{Blocks, ReadOp, SCALE_PARTS};
 use super::slots::{Job, Shared};
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -74,9 +74,9 @@ pub(crate) fn check_scales(sh: &Shared, job: &Job) -> Result<()> {
         scan_scales(
             bytes,
             sh.files[lay.files[k].shard as usize].name.as_str(),
+            &sh.blocks,
             job.key,
             k,
-            sh.n_experts,
         )?;
     }
     Ok(())
@@ -86,17 +86,16 @@ pub(crate) fn check_scales(sh: &Shared, job: &Job) -> Result<()> {
 pub(crate) fn scan_scales(
     bytes: &[u8],
     file: &str,
+    blocks: &Blocks,
     key: u32,
     k: usize,
-    n_experts: usize,
 ) -> Result<()> {
     if let Some(i) = crate::dtype::e8m0_nan(bytes) {
-        let (l, e) = (key as usize / n_experts, key as usize % n_experts);
         return Err(Error::checkpoint(
             file,
             format!(
                 "tensor {}: scale byte {i} is 255 (the F8_E8M0 NaN encoding)",
-                part_name(l, e, k)
+                blocks.part_name(key, k)
             ),
         ));
     }
