@@ -558,3 +558,16 @@ def test_cli_json_schema_and_grammar(capsys, tmp_path):
     (tmp_path / "bad.json").write_text('{"type": "strin"}')
     r = main_(capsys, "run", "x", "--json-schema", tmp_path / "bad.json", "-q")
     assert r.returncode == 2 and "strin" in r.stderr
+
+
+def test_a_grammar_compiles_on_a_model_nothing_else_touched():
+    """The vocabulary needs the tokenizer: making both on first use must not deadlock."""
+    import threading
+
+    fresh = v4flash.load(demo_path())
+    out = []
+    t = threading.Thread(target=lambda: out.append(compile_grammar(fresh, "regex", "[0-9]+")))
+    t.daemon = True
+    t.start()
+    t.join(timeout=60)
+    assert out and out[0].kind == "regex"

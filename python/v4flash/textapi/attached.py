@@ -9,7 +9,8 @@ from typing import Any, Callable
 from ..tokenizer import load_tokenizer
 from .cache import PromptCache
 
-_lock = threading.Lock()
+# reentrant: making one attachment may need another (the vocabulary needs the tokenizer)
+_lock = threading.RLock()
 
 
 def _attached(model: Any, attr: str, make: Callable[[Any], Any]) -> Any:
