@@ -32,6 +32,8 @@ pub struct LoadOptions {
     /// Load the checkpoint's DSpark drafter (`model::dspark`): its resident tensors and an
     /// expert cache of its own, counted in the plan. Off by default.
     pub drafter: bool,
+    /// Speculative decoding by default (`speculate::Mode`; a generation may ask otherwise).
+    pub speculate: crate::speculate::Mode,
 }
 
 impl Default for LoadOptions {
@@ -47,6 +49,7 @@ impl Default for LoadOptions {
             numerics: Numerics::Exact,
             tuning: Tuning::from_env(),
             drafter: false,
+            speculate: crate::speculate::Mode::default(),
         }
     }
 }
@@ -56,7 +59,7 @@ const MAX_RAM_GB: f64 = (1u64 << 20) as f64;
 
 impl LoadOptions {
     /// The options `set` takes, in the order the docs list them.
-    pub const NAMES: [&'static str; 12] = [
+    pub const NAMES: [&'static str; 13] = [
         "ram_gb",
         "threads",
         "expert_cache_mb",
@@ -69,6 +72,7 @@ impl LoadOptions {
         "prefault",
         "io_uring",
         "drafter",
+        "speculate",
     ];
 
     /// Sets option `name` from `v` (an absent value keeps the default):
@@ -79,7 +83,8 @@ impl LoadOptions {
     /// - `io`: `direct`, `buffered` or `mmap`; `cache_policy`: `freq-decay` or `lru`;
     ///   `numerics`: one of `Numerics::ALL`;
     /// - `lookahead`, `prefault`, `io_uring`: the per-model switches of `Tuning`, true or false;
-    /// - `drafter`: load the DSpark drafter (`model::dspark`), true or false.
+    /// - `drafter`: load the DSpark drafter (`model::dspark`), true or false;
+    /// - `speculate`: `off`, `lookup`, `dspark` or `auto` (`speculate::Mode`).
     ///
     /// Errors name the option; an unknown name is `Error::UnknownOption`.
     pub fn set(&mut self, name: &str, v: &Arg) -> Result<()> {
@@ -127,6 +132,11 @@ impl LoadOptions {
             "prefault" => self.tuning.prefault = v.switch(name)?.unwrap_or(self.tuning.prefault),
             "io_uring" => self.tuning.io_uring = v.switch(name)?.unwrap_or(self.tuning.io_uring),
             "drafter" => self.drafter = v.switch(name)?.unwrap_or(self.drafter),
+            "speculate" => {
+                let expected = crate::speculate::MODES.join(", ");
+                let m = v.choice(name, &expected, crate::speculate::Mode::from_name)?;
+                self.speculate = m.unwrap_or(self.speculate);
+            }
             _ => {
                 return Err(Error::UnknownOption(format!(
                     "unknown option {name:?} (the options are {})",

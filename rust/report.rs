@@ -114,6 +114,9 @@ pub struct Stats {
     pub warm_slots: usize,
     pub threads: usize,
     pub tuning: TuningReport,
+    /// Speculative decoding: verifies, drafted and accepted tokens, plain steps taken while a
+    /// drafter was on, seconds saved (negative: lost).
+    pub speculation: crate::speculate::SpecStats,
 }
 
 impl Stats {
@@ -163,6 +166,7 @@ impl Stats {
             warm_slots: m.experts.warm_slots(),
             threads: m.threads,
             tuning: TuningReport::of(&m.tuning),
+            speculation: c.speculation(),
         }
     }
 }

@@ -7,13 +7,14 @@ the thin Python side: config validation, tokenization, chat encoding and the CLI
 
 from __future__ import annotations
 
-from ._core import NUMERICS, V4FlashError, __version__, kernel_tier
+from ._core import NUMERICS, SPECULATE, V4FlashError, __version__, kernel_tier
 from .config import Config, load_config
 from .encoding import encode_messages, parse_completion
 from .model import Model, Session, load, plan
 
 __all__ = [
     "NUMERICS",
+    "SPECULATE",
     "Config",
     "Model",
     "Session",

@@ -13,6 +13,7 @@ __all__ = [
     "__version__",
     "V4FlashError",
     "NUMERICS",
+    "SPECULATE",
     "PUBLISHED_CONFIG",
     "CONFIG_KEYS",
     "DTYPE_SIZES",
@@ -50,6 +51,7 @@ _Path = str | PathLike[str]
 
 __version__: str
 NUMERICS: tuple[str, ...]
+SPECULATE: tuple[str, ...]
 PUBLISHED_CONFIG: str
 CONFIG_KEYS: tuple[str, ...]
 DTYPE_SIZES: dict[str, int]
@@ -70,6 +72,8 @@ class LoadOptions(TypedDict, total=False):
     lookahead: bool | None
     prefault: bool | None
     io_uring: bool | None
+    drafter: bool | None
+    speculate: Literal["off", "lookup", "dspark", "auto"] | None
 
 @type_check_only
 class Tuning(TypedDict):
@@ -149,6 +153,17 @@ class Stats(TypedDict):
     warm_slots: int
     threads: int
     tuning: Tuning
+    speculation: SpecStats
+
+@type_check_only
+class SpecStats(TypedDict):
+    """Speculative decoding's counters (``speculate::SpecStats``)."""
+
+    verifies: int
+    drafted: int
+    accepted: int
+    plain_steps: int
+    saved_s: float
 
 @type_check_only
 class ModelBytes(TypedDict):
@@ -253,6 +268,9 @@ class Session:
         logprobs: int | None = None,
         constraint: Grammar | None = None,
         wait_for: int | None = None,
+        speculate: str | None = None,
+        _oracle: tuple[Sequence[int], float, int] | None = None,
+        _force_drafts: int | None = None,
     ) -> Stream: ...
     def snapshot(self) -> Snapshot: ...
     def rollback(self, snap: Snapshot) -> None: ...
@@ -272,6 +290,7 @@ class Stream:
     def __iter__(self) -> Stream: ...
     def __next__(self) -> int: ...
     def collect(self) -> list[int]: ...
+    def speculation(self) -> dict[str, Any] | None: ...
     def logprobs(self) -> tuple[float, list[tuple[int, float]]] | None: ...
     def mask_times(self) -> list[float]: ...
 

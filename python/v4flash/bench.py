@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _core
+from . import SPECULATE, _core
 from .limits import (  # noqa: F401  (bench's names since before limits.py)
     DISK_READERS,
     GB,
@@ -130,10 +130,18 @@ def run_bench(
     load_kw: Optional[Dict[str, Any]] = None,
     quiet: bool = False,
     cold: bool = False,
+    speculate: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Runs the benchmark; prints the table (or JSON with ``json_out``) unless ``quiet``, and
     returns the results dict. ``cold`` sends the prompt right after ``load``, without waiting
-    for the expert cache's pre-fault: the time to first token of a fresh process."""
+    for the expert cache's pre-fault: the time to first token of a fresh process.
+
+    The decode is measured without speculation; with ``speculate`` (a mode other than
+    ``off``, or ``oracle:P``: the benchmark-only drafter that proposes the recorded greedy
+    continuation, each token right with probability P), the same continuation is generated
+    again from the same prefilled state with it, and both are reported side by side
+    (``speculation``): tokens/s over the whole decode, the ratio, acceptance, and whether the
+    tokens were the same (they must be)."""
     from . import load, load_config
 
     if prompt_len < 1 or gen_tokens < 1:
@@ -180,11 +188,15 @@ def run_bench(
     # The first streamed token is sampled from the prefill's logits (no forward pass); each
     # later one costs one decode step, so ask for gen_tokens + 1.
     per_token: List[Dict[str, float]] = []
-    it = sess.stream([], max_new_tokens=gen_tokens + 1, temperature=0.0, stop_ids=[])
-    next(it)
+    after_prefill = sess.snapshot() if speculate and speculate != "off" else None
+    it = sess.stream(
+        [], max_new_tokens=gen_tokens + 1, temperature=0.0, stop_ids=[], speculate="off"
+    )
+    first = next(it)
     ttft_s = time.perf_counter() - t
     prev = model.stats()
     t = time.perf_counter()
+    t_decode = t
     out_ids: List[int] = []
     for tok in it:
         now = time.perf_counter()
@@ -204,6 +216,12 @@ def run_bench(
         out_ids.append(int(tok))
         prev, t = st, time.perf_counter()
     s2 = prev
+    off_total_s = time.perf_counter() - t_decode
+    spec = None
+    if after_prefill is not None:
+        spec = _speculative_decode(
+            model, sess, after_prefill, speculate, [int(first), *out_ids], off_total_s
+        )
     rss = peak_rss_gb()
 
     dec_req = _delta(s1, s2, "expert_requests")
@@ -296,6 +314,7 @@ def run_bench(
     res["limit_decode_tok_s"] = lim
     res["limit_decode_tok_s_dense_only"] = _limit(*bound, False)
     res["fraction_of_limit"] = decode_tok_s / lim if lim and math.isfinite(lim) else None
+    res["speculation"] = spec
     res["notes"] = notes
     if not quiet:
         if json_out:
@@ -303,6 +322,56 @@ def run_bench(
         else:
             print_table(res)
     return res
+
+
+def _speculative_decode(
+    model: Any, sess: Any, snap: Any, speculate: str, plain: List[int], off_total_s: float
+) -> Dict[str, Any]:
+    """The decode again from the prefilled state ``snap``, with speculation ``speculate``
+    (a mode, or ``oracle:P``); ``plain`` is the first token and the plain decode's tokens,
+    which took ``off_total_s`` (after the first)."""
+    sess.rollback(snap)
+    oracle = None
+    mode: Optional[str] = speculate
+    if speculate.startswith("oracle:"):
+        p = float(speculate.split(":", 1)[1])
+        oracle = (plain, p, 0)
+        mode = None
+    before = model.stats().get("speculation") or {}
+    it = sess._generation(
+        [],
+        max_new_tokens=len(plain),
+        temperature=0.0,
+        stop_ids=[],
+        speculate=mode,
+        _oracle=oracle,
+    )
+    first = next(it)
+    t = time.perf_counter()
+    ids = [int(x) for x in it]
+    total = time.perf_counter() - t
+    stats = it.speculation() or {}
+    after = model.stats().get("speculation") or {}
+    n = len(ids)
+    return {
+        "mode": speculate,
+        "same_tokens": [int(first), *ids] == plain,
+        "tokens": n,
+        "decode_tok_s": n / total if total > 0 else None,
+        "off_decode_tok_s": (len(plain) - 1) / off_total_s if off_total_s > 0 else None,
+        "ratio": (off_total_s / total) if total > 0 else None,
+        "verifies": stats.get("verifies"),
+        "drafted": stats.get("drafted"),
+        "accepted": stats.get("accepted"),
+        "plain_steps": stats.get("plain_steps"),
+        "acceptance": (stats["accepted"] / stats["drafted"]) if stats.get("drafted") else None,
+        "tokens_per_verify": (
+            (n - (stats.get("plain_steps") or 0)) / stats["verifies"]
+            if stats.get("verifies")
+            else None
+        ),
+        "saved_s": (after.get("saved_s", 0.0) - before.get("saved_s", 0.0)),
+    }
 
 
 def _json_default(o: Any) -> Any:
@@ -408,6 +477,7 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
         ("  expert hit rate", pct(r["hit_rate"])),
         ("  waiting on reads / token", f"{r['wait_ms_per_token']:.1f} ms"),
         ("  computing / token", f"{r['compute_ms_per_token']:.1f} ms"),
+        *_speculation_rows(r.get("speculation")),
         ("peak RSS", f"{r['peak_rss_gb']:.2f} GB"),
         (
             "memory read bandwidth",
@@ -431,6 +501,31 @@ def _rows(r: Dict[str, Any]) -> List[Tuple[str, str]]:
         )
     for n in r.get("notes", []):
         rows.append(("note", n))
+    return rows
+
+
+def _speculation_rows(sp: Optional[Dict[str, Any]]) -> List[Tuple[str, str]]:
+    """The decode with speculation next to the plain one (bench --speculate)."""
+    if not sp:
+        return []
+
+    def num(x: Any, f: str) -> str:
+        return "n/a" if x is None else format(x, f)
+
+    rows = [
+        (
+            f"decode with --speculate {sp['mode']}",
+            f"{num(sp['decode_tok_s'], '.3f')} tok/s against {num(sp['off_decode_tok_s'], '.3f')} "
+            f"without (whole decode, {sp['tokens']} tokens): {num(sp['ratio'], '.2f')}x"
+            + ("" if sp["same_tokens"] else " -- THE TOKENS DIFFER (a bug)"),
+        ),
+        (
+            "  verifies / plain steps",
+            f"{sp['verifies']} / {sp['plain_steps']}; drafted {sp['drafted']}, accepted "
+            f"{sp['accepted']} ({num(sp['acceptance'], '.0%')}), "
+            f"{num(sp['tokens_per_verify'], '.2f')} tokens per verify",
+        ),
+    ]
     return rows
 
 
@@ -506,6 +601,8 @@ def bench_command(path: Path, a: Any) -> int:
     for opt in ("io", "cache_policy", "numerics", "ctx", "io_threads"):
         if getattr(a, opt, None) is not None:
             load_kw[opt] = getattr(a, opt)
+    if a.speculate in SPECULATE:
+        load_kw["speculate"] = a.speculate
     run_bench(
         str(path),
         ram_gb=a.ram,
@@ -520,5 +617,6 @@ def bench_command(path: Path, a: Any) -> int:
         disk_bytes=int(a.disk_gb * (1 << 30)),
         load_kw=load_kw,
         cold=a.cold,
+        speculate=a.speculate,
     )
     return 0

@@ -116,13 +116,19 @@ class Session:
         logprobs: Optional[int] = None,
         constraint: Any = None,
         wait_for: Optional[int] = None,
+        speculate: Optional[str] = None,
+        _oracle: Any = None,
+        _force_drafts: Optional[int] = None,
     ) -> Any:
         """The core's generation for ``generate`` and ``stream``, checked (one core step per
         token: the core feeds, seeds step i with seed + i and stops at a stop id,
         ``max_new_tokens`` or a full context); nothing runs until it is iterated or
         collected. ``constraint``: a grammar compiled for this model
         (``textapi.constraints.compile_grammar``); only tokens it allows are sampled (from
-        the first, or once ``wait_for`` is sampled; until then a sampled EOS becomes it)."""
+        the first, or once ``wait_for`` is sampled; until then a sampled EOS becomes it).
+        ``speculate``: ``off``, ``lookup``, ``dspark`` or ``auto`` (default: the model's
+        ``speculate`` load option); the tokens are the same whichever, only the time
+        differs (docs/model.md §9)."""
         s = sample_params(temperature, top_p, top_k, seed)
         stops = [self._model.config.eos_token_id] if stop_ids is None else stop_ids
         stops = _ids(stops, "stop_ids", allow_empty=True)
@@ -138,6 +144,9 @@ class Session:
             logprobs,
             constraint,
             wait_for,
+            speculate,
+            _oracle,
+            _force_drafts,
         )
 
     def snapshot(self) -> Any:

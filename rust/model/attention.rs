@@ -46,6 +46,29 @@ pub struct AttnWeights {
     pub indexer: Option<IndexerWeights>,
 }
 
+/// What the attention's compressor does to an entry after its norm and rope: official
+/// numerics round-trips the non-rope dims through FP8 (DeepSeek's reference
+/// `Compressor.forward`, revision 60d8d70).
+pub fn comp_qdq(numerics: Numerics, c: &ModelConfig) -> EntryQdq {
+    if numerics.official() {
+        EntryQdq::Fp8 {
+            rope_dim: c.rope_dim,
+        }
+    } else {
+        EntryQdq::None
+    }
+}
+
+/// What the indexer's compressor does to an entry: official numerics rotates it (Hadamard)
+/// and round-trips it through FP4.
+pub fn index_qdq(numerics: Numerics) -> EntryQdq {
+    if numerics.official() {
+        EntryQdq::RotateFp4
+    } else {
+        EntryQdq::None
+    }
+}
+
 /// Per-sequence attention state of one layer.
 #[derive(Clone, Default)]
 pub struct AttnState {
@@ -168,13 +191,7 @@ impl AttnWeights {
         // compressed entries (emitted for every window closed by these tokens): one product
         // for all rows, then each sequence's own pending rows and entries
         if let Some(cw) = &self.comp {
-            let qdq = if cx.numerics.official() {
-                EntryQdq::Fp8 {
-                    rope_dim: c.rope_dim,
-                }
-            } else {
-                EntryQdq::None
-            };
+            let qdq = comp_qdq(cx.numerics, c);
             let (pkv, pgate) = cw.project(x, n); // [n, c·d] each
             let w = cw.row_width();
             for p in parts.iter_mut() {
@@ -312,11 +329,7 @@ impl AttnWeights {
         let n = pos.len();
         let (ih, id) = (c.index_n_heads, c.index_head_dim);
         let official = cx.numerics.official();
-        let qdq = if official {
-            EntryQdq::RotateFp4
-        } else {
-            EntryQdq::None
-        };
+        let qdq = index_qdq(cx.numerics);
         let (pkv, pgate) = ix.comp.project(x, n); // [n, 2·ID] each
         let w = ix.comp.row_width();
         for p in parts.iter_mut() {

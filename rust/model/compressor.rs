@@ -49,6 +49,10 @@ pub struct CompState {
     pub over_gate: Vec<f32>,
     /// [n_entries, d] emitted entries (post-norm, post-rope).
     pub entries: Vec<f32>,
+    /// While a speculative verify runs (`journal.rs`): the projections pushed, kv and gate
+    /// [tokens, c·d] each, so that the state can be cut back to any of its tokens. None
+    /// otherwise (never saved, never in a snapshot).
+    pub log: Option<Box<(Vec<f32>, Vec<f32>)>>,
 }
 
 impl CompState {
@@ -87,6 +91,10 @@ impl CompressorWeights {
         qdq: EntryQdq,
     ) {
         let w = self.width();
+        if let Some(log) = st.log.as_mut() {
+            log.0.extend_from_slice(&kv[..n * w]);
+            log.1.extend_from_slice(&gate[..n * w]);
+        }
         for t in 0..n {
             st.pend_kv.extend_from_slice(&kv[t * w..(t + 1) * w]);
             st.pend_gate.extend_from_slice(&gate[t * w..(t + 1) * w]);

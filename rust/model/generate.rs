@@ -15,6 +15,10 @@
 //!   allows (computed while the forward pass runs), and the sampled token advances it; the
 //!   constraint belongs to the generation, never to the session (docs/architecture.md §7.2).
 
+mod speculate;
+
+pub use speculate::{drafter_for, Speculator};
+
 use super::sample::{SampleParams, Sampler};
 use super::session::file as session_file;
 use super::session::{Snapshot, State};
@@ -56,6 +60,8 @@ pub struct Generation {
     last_logprobs: Option<TokenLogprobs>,
     /// A grammar the sampled tokens must follow (its mask applied before sampling).
     constraint: Option<Constraint>,
+    /// Drafting and verifying (`with_speculation`); None: plain steps.
+    spec: Option<Box<Speculator>>,
 }
 
 /// A sampled token's log-probability under the model (the log-softmax of its raw logits,
@@ -114,6 +120,7 @@ impl Generation {
             logprobs: None,
             last_logprobs: None,
             constraint: None,
+            spec: None,
         })
     }
 
@@ -123,6 +130,28 @@ impl Generation {
     pub fn with_constraint(mut self, c: Constraint) -> Generation {
         self.constraint = Some(c);
         self
+    }
+
+    /// Drafts with `drafter` and verifies the drafts the cost model picks (docs/model.md §9):
+    /// the same tokens as without, sooner when drafts are right. Steps with a constraint
+    /// stay plain.
+    pub fn with_speculation(mut self, drafter: crate::speculate::Drafter) -> Generation {
+        self.spec = Some(Box::new(Speculator::new(drafter)));
+        self
+    }
+
+    /// Tests: every speculative step verifies `k` drafts (or all the drafter has), bypassing
+    /// the cost model, so that verifies happen whatever the measured times say.
+    pub fn forcing_drafts(mut self, k: usize) -> Generation {
+        if let Some(s) = self.spec.as_mut() {
+            s.force_k = Some(k);
+        }
+        self
+    }
+
+    /// The speculation, when on.
+    pub fn speculation(&self) -> Option<&Speculator> {
+        self.spec.as_deref()
     }
 
     /// The constraint, as far as it has advanced.
@@ -149,7 +178,7 @@ impl Generation {
 
     /// Nothing is left to do: the prompt is fed and no further token will be sampled.
     pub fn finished(&self) -> bool {
-        self.stopped && self.prompt.is_none()
+        self.stopped && self.prompt.is_none() && self.spec.as_ref().is_none_or(|s| s.is_empty())
     }
 }
 
@@ -248,12 +277,22 @@ impl Session {
                 }));
             }
         }
+        // tokens a speculative verify sampled (already in the state) go out first
+        if let Some((tok, lp)) = g.spec.as_mut().and_then(|s| s.pop()) {
+            g.last_logprobs = lp;
+            return Ok(Some(tok));
+        }
         if g.stopped {
             if let Some(prompt) = &g.prompt {
                 self.flush(prompt, cancel)?;
                 g.prompt = None;
             }
             return Ok(None);
+        }
+        if g.prompt.is_none() && g.spec.is_some() {
+            if let Some(tok) = self.speculative_step(g, cancel)? {
+                return Ok(Some(tok));
+            }
         }
         let feed: &[u32] = g.prompt.as_deref().unwrap_or(&[]);
         let mask = match g.constraint.as_mut() {

@@ -9,6 +9,7 @@ pub mod dspark;
 mod forward;
 pub mod generate;
 pub mod hc;
+mod journal;
 pub mod layer_probe;
 pub mod moe;
 pub mod rope;
@@ -62,6 +63,21 @@ pub struct Counters {
     pub guessed: AtomicU64,
     pub guessed_used: AtomicU64,
     pub guess_needed: AtomicU64,
+    /// Speculative decoding over all generations (`generate::speculate`).
+    pub speculation: std::sync::Mutex<crate::speculate::SpecStats>,
+}
+
+impl Counters {
+    pub fn add_speculation(&self, s: &crate::speculate::SpecStats) {
+        self.speculation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(s);
+    }
+
+    pub fn speculation(&self) -> crate::speculate::SpecStats {
+        *self.speculation.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 pub struct Model {
@@ -100,6 +116,8 @@ pub struct Model {
     pub id: u64,
     /// The DSpark drafter, when loaded (`LoadOptions::drafter`).
     pub drafter: Option<dspark::DSpark>,
+    /// Speculative decoding unless a generation asks otherwise (`LoadOptions::speculate`).
+    pub speculate: crate::speculate::Mode,
 }
 
 /// Source of `Model::id`.
@@ -203,6 +221,7 @@ impl Model {
             counters: Counters::default(),
             id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
             drafter,
+            speculate: opts.speculate,
         })
     }
 
@@ -386,3 +405,5 @@ fn load_block(
 mod tests_batch;
 #[cfg(test)]
 mod tests_fixtures;
+#[cfg(test)]
+mod tests_journal;

@@ -150,6 +150,94 @@ impl State {
     }
 }
 
+/// The speculative verify's journal (docs/model.md §9): while it is open, every compressor
+/// logs the projections pushed into it, so that `cut_back` can keep any number of the tokens
+/// fed since `journal_begin` without running them again.
+impl State {
+    /// Opens the journal; returns the state's snapshot, which `cut_back` goes back to.
+    pub fn journal_begin(&mut self) -> Snapshot {
+        for l in &mut self.layers {
+            l.comp.log = Some(Box::default());
+            l.idx.log = Some(Box::default());
+        }
+        self.snapshot()
+    }
+
+    /// Closes the journal (its logs dropped).
+    pub fn journal_end(&mut self) {
+        for l in &mut self.layers {
+            l.comp.log = None;
+            l.idx.log = None;
+        }
+    }
+
+    /// Keeps the first `keep` of the tokens fed since `journal_begin` returned `before`, as
+    /// if only they had been fed, and closes the journal. A window row is `d` floats and a
+    /// window keeps `keep_rows` (W - 1) rows: the tokens fed since `before` must all still be
+    /// in it (no more than `keep_rows`). Compressors go back to `before` and are given the
+    /// kept tokens' logged projections again through `repush(layer, indexer?, state, kv,
+    /// gate, tokens)`, which emits the same entries as the pass did. On error the state is
+    /// unchanged and the journal stays open.
+    pub fn cut_back(
+        &mut self,
+        before: &Snapshot,
+        keep: usize,
+        d: usize,
+        keep_rows: usize,
+        mut repush: impl FnMut(usize, bool, &mut CompState, &[f32], &[f32], usize),
+    ) -> Result<()> {
+        self.check_snapshot(before)?;
+        let n = self.pos() - before.pos();
+        if keep > n || n > keep_rows {
+            return Err(Error::arg(format!(
+                "internal: cannot keep {keep} of the {n} tokens fed since the journal opened \
+                 (at most the {keep_rows} a window holds)"
+            )));
+        }
+        let logged = |c: &CompState| c.log.as_ref().map(|l| l.0.len() == l.1.len());
+        if self
+            .layers
+            .iter()
+            .any(|l| logged(&l.comp) != Some(true) || logged(&l.idx) != Some(true))
+        {
+            return Err(Error::arg("internal: the state's journal is not open"));
+        }
+        for (li, (l, sn)) in self.layers.iter_mut().zip(&before.layers).enumerate() {
+            // the window: the snapshot's rows, then the kept new rows (the last n of the
+            // window are the pass's, n <= W - 1), its last W - 1 rows
+            let rows = l.window.len() / d;
+            let new = &l.window[(rows - n) * d..(rows - n + keep) * d];
+            let mut w = Vec::with_capacity(sn.window.len() + new.len());
+            w.extend_from_slice(&sn.window);
+            w.extend_from_slice(new);
+            let total = w.len() / d;
+            let drop = total - total.min(keep_rows);
+            l.window = w.split_off(drop * d);
+            for (idx, (c, cs)) in [(&mut l.comp, &sn.comp), (&mut l.idx, &sn.idx)]
+                .into_iter()
+                .enumerate()
+            {
+                let log = c.log.take().unwrap_or_default();
+                restore(c, cs);
+                let (kv, gate) = (&log.0, &log.1);
+                if n > 0 && !kv.is_empty() && keep > 0 {
+                    let width = kv.len() / n;
+                    repush(
+                        li,
+                        idx == 1,
+                        c,
+                        &kv[..keep * width],
+                        &gate[..keep * width],
+                        keep,
+                    );
+                }
+            }
+        }
+        self.tokens.truncate(before.pos() + keep);
+        Ok(())
+    }
+}
+
 /// A restorable point of a sequence: the state's small mutable parts, the entry counts, and
 /// (a generating session's, `generate::Session::snapshot`) the logits after its last token.
 ///
@@ -289,6 +377,7 @@ impl AttnState {
             over_kv,
             over_gate,
             entries,
+            log: None,
         };
         AttnState {
             window,

@@ -191,6 +191,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the numerics modes `Model.load` accepts, in the core's order (exact first)
     let numerics: Vec<&str> = Numerics::ALL.iter().map(|n| n.name()).collect();
     m.add("NUMERICS", pyo3::types::PyTuple::new(m.py(), numerics)?)?;
+    // the speculate modes (`speculate::MODES`), auto the default
+    m.add(
+        "SPECULATE",
+        pyo3::types::PyTuple::new(m.py(), crate::speculate::MODES)?,
+    )?;
     checkpoint::register(m)?;
     args::register(m)?;
     machine::register(m)?;

@@ -5,12 +5,15 @@
 
 use super::args::arg;
 use super::grammar::PyGrammar;
+use super::json::to_python;
 use super::{run_cancellable, run_reporting, to_py};
 use crate::grammar::Constraint;
-use crate::model::generate::{Generation, Session as CoreSession};
+use crate::model::generate::{drafter_for, Generation, Session as CoreSession};
 use crate::model::sample::SampleParams;
 use crate::model::session::Snapshot as CoreSnapshot;
 use crate::model::Model;
+use crate::speculate::oracle::Oracle;
+use crate::speculate::{Drafter, Mode};
 use numpy::PyArray1;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -105,7 +108,12 @@ impl PySession {
     /// (`Stream.logprobs()` after each step). `constraint`: a grammar compiled for this
     /// model's vocabulary; only what it allows is sampled (from the first token, or once
     /// `wait_for` is sampled: until then a sampled EOS becomes `wait_for`).
-    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids, logprobs=None, constraint=None, wait_for=None))]
+    /// `speculate`: `off`, `lookup`, `dspark` or `auto` (default: the model's `speculate`
+    /// load option); the tokens are the same either way. `_oracle` (benchmarks only): a
+    /// drafter that knows the continuation `(ids after the prompt, probability of a right
+    /// draft, seed)`. `_force_drafts` (tests only): verify this many drafts at every step
+    /// (or all there are), whatever the cost model predicts.
+    #[pyo3(signature = (ids, max_new, temperature, top_p, top_k, seed, stop_ids, logprobs=None, constraint=None, wait_for=None, speculate=None, _oracle=None, _force_drafts=None))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -119,6 +127,9 @@ impl PySession {
         logprobs: Option<usize>,
         constraint: Option<&PyGrammar>,
         wait_for: Option<u64>,
+        speculate: Option<&str>,
+        _oracle: Option<(Vec<u64>, f64, u64)>,
+        _force_drafts: Option<usize>,
     ) -> PyResult<PyStream> {
         let max_new = arg(Some(max_new));
         let name = "max_new_tokens";
@@ -132,7 +143,26 @@ impl PySession {
         };
         let ids = self.model.token_ids(&ids).map_err(to_py)?;
         let stop_ids = self.model.token_ids(&stop_ids).map_err(to_py)?;
+        let mode = match speculate {
+            Some(m) => Mode::parse(m).map_err(to_py)?,
+            None => self.model.speculate,
+        };
+        let drafter = match _oracle {
+            Some((truth, p, oseed)) => {
+                let truth = self.model.token_ids(&truth).map_err(to_py)?;
+                let start = lock(&self.s)?.position() + ids.len();
+                let vocab = u32::try_from(self.model.cfg.vocab_size).unwrap_or(u32::MAX);
+                Some(Drafter::Oracle(Oracle::new(start, truth, p, oseed, vocab)))
+            }
+            None => drafter_for(&self.model, mode).map_err(to_py)?,
+        };
         let mut g = Generation::new(ids, n, params, stop_ids).map_err(to_py)?;
+        if let Some(d) = drafter {
+            g = g.with_speculation(d);
+            if let Some(k) = _force_drafts {
+                g = g.forcing_drafts(k);
+            }
+        }
         if let Some(top) = logprobs {
             g = g.with_logprobs(top);
         }
@@ -223,6 +253,26 @@ impl PyStream {
         let mut guard = lock(&self.s)?;
         let s: &mut CoreSession = &mut guard;
         run_cancellable(py, |c| s.step(g, &|| c.load(Ordering::Relaxed)))
+    }
+
+    /// What speculation did in this generation (None when it is off): verifies, drafted and
+    /// accepted tokens, plain steps, seconds saved, and the running acceptance estimate.
+    fn speculation<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let g = lock(&self.g)?;
+        let Some(sp) = g.speculation() else {
+            return Ok(None);
+        };
+        #[derive(serde::Serialize)]
+        struct Report {
+            #[serde(flatten)]
+            stats: crate::speculate::SpecStats,
+            acceptance: f64,
+        }
+        let r = Report {
+            stats: sp.stats(),
+            acceptance: sp.acceptance(),
+        };
+        to_python(py, &r).map(Some)
     }
 
     /// (log-probability, [(id, log-probability)] of the most likely) of the token the last

@@ -18,13 +18,13 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
     /// Plain decoding.
-    #[default]
     Off,
     /// Prompt lookup, verified whenever the cost model predicts a gain.
     Lookup,
     /// The checkpoint's DSpark drafter (0731 checkpoints).
     DSpark,
     /// The best drafter the checkpoint and the cost model allow; never predicted to lose.
+    #[default]
     Auto,
 }
 
@@ -32,18 +32,18 @@ pub enum Mode {
 pub const MODES: &[&str] = &["off", "lookup", "dspark", "auto"];
 
 impl Mode {
+    pub fn from_name(s: &str) -> Option<Mode> {
+        [Mode::Off, Mode::Lookup, Mode::DSpark, Mode::Auto]
+            .into_iter()
+            .find(|m| m.name() == s)
+    }
+
     pub fn parse(s: &str) -> Result<Mode> {
-        Ok(match s {
-            "off" => Mode::Off,
-            "lookup" => Mode::Lookup,
-            "dspark" => Mode::DSpark,
-            "auto" => Mode::Auto,
-            _ => {
-                return Err(Error::arg(format!(
-                    "speculate must be one of {}, got {s:?}",
-                    MODES.join(", ")
-                )))
-            }
+        Mode::from_name(s).ok_or_else(|| {
+            Error::arg(format!(
+                "speculate must be one of {}, got {s:?}",
+                MODES.join(", ")
+            ))
         })
     }
 

@@ -173,7 +173,7 @@ def load_model(args: argparse.Namespace, path: Path):
     kw: Dict[str, Any] = dict(
         ram_gb=args.ram, threads=args.threads, expert_cache_mb=args.expert_cache_mb, ctx=args.ctx
     )
-    for opt in ("io", "cache_policy", "io_threads", "numerics"):
+    for opt in ("io", "cache_policy", "io_threads", "numerics", "speculate"):
         if getattr(args, opt, None) is not None:
             kw[opt] = getattr(args, opt)
     quiet = getattr(args, "quiet", False)

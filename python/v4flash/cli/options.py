@@ -9,7 +9,7 @@ import argparse
 import math
 import os
 
-from .. import NUMERICS, __version__
+from .. import NUMERICS, SPECULATE, __version__
 from ..hub.releases import REPO_ID
 from ..model import sample_params
 from ..textapi.disk import DEFAULT_MIN_TOKENS
@@ -120,8 +120,51 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         "Numerics)",
     )
     g.add_argument(
+        "--speculate",
+        choices=list(SPECULATE),
+        default="auto",
+        help="speculative decoding: drafted tokens verified in one pass, the same answer "
+        "sooner when they are right. lookup: drafts copied from the prompt and the answer; "
+        "auto: lookup where the measured costs predict a gain, never where they predict a "
+        "loss (default); dspark: the 0731 drafter (not in generation yet); off",
+    )
+    g.add_argument(
         "--io-threads", type=_positive_int, default=8, metavar="N", help=argparse.SUPPRESS
     )
+
+
+def _speculate_or_oracle(s: str) -> str:
+    """bench's --speculate: a mode, or oracle:P (P in [0, 1])."""
+    if s in SPECULATE:
+        return s
+    if s.startswith("oracle:"):
+        try:
+            p = float(s.split(":", 1)[1])
+        except ValueError:
+            p = -1.0
+        if 0.0 <= p <= 1.0:
+            return s
+        raise argparse.ArgumentTypeError(f"oracle:P needs a probability P in [0, 1], got {s!r}")
+    raise argparse.ArgumentTypeError(
+        f"expected one of {', '.join(SPECULATE)} or oracle:P, got {s!r}"
+    )
+
+
+def _bench_speculate(p: argparse.ArgumentParser) -> None:
+    """bench's --speculate: also oracle:P, the benchmark-only drafter of chosen acceptance;
+    and the decode runs twice (without, then with) in the same process."""
+    for a in p._actions:
+        if a.dest == "speculate":
+            a.choices = None
+            a.type = _speculate_or_oracle
+            a.metavar = "MODE"
+            a.help = (
+                "decode a second time from the same prefilled state with this speculation "
+                f"and report both ({', '.join(SPECULATE)}; off: once; oracle:P: a drafter that "
+                "proposes the first run's greedy continuation, each token right with "
+                "probability P, for measuring the verify on checkpoints no real drafter "
+                "suits; default auto)"
+            )
 
 
 def _generation_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -438,6 +481,7 @@ def parser() -> argparse.ArgumentParser:
     )
     _model_options(bench)
     _engine_options(bench)
+    _bench_speculate(bench)
     _bench_options(bench)
     _manage_commands(sub)
     return p

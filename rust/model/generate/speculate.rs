@@ -1,0 +1,233 @@
+//! The speculative step (docs/model.md §9): the pending token and k drafted tokens go through
+//! the model in one pass; position i is sampled exactly as plain step i would be (the same
+//! sampler, seed + step index), and the drafts are kept while the samples equal them. The
+//! first sample that differs (or the one after the last draft) is the new pending token; the
+//! state is cut back to what was right (`Model::cut_back`, no recomputation). The tokens are
+//! the ones plain generation gives, for every sampling setting: a wrong draft costs time only.
+
+use super::{Generation, Session, TokenLogprobs};
+use crate::error::{Error, Result};
+use crate::model::sample::Sampler;
+use crate::model::Want;
+use crate::speculate::cost::{CostModel, Prior, K_MAX};
+use crate::speculate::lookup::PromptLookup;
+use crate::speculate::{Drafter, Mode, SpecStats};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// A generation's speculation: its drafter, the cost model that decides how many drafts a
+/// step verifies, the tokens a verify produced that were not handed out yet, and counters.
+pub struct Speculator {
+    drafter: Drafter,
+    cost: CostModel,
+    /// Sampled by a verify, in the state already, handed out one per `step`.
+    queue: VecDeque<(u32, Option<TokenLogprobs>)>,
+    stats: SpecStats,
+    /// Tests: verify this many drafts (or all there are) at every step, whatever the cost.
+    pub(super) force_k: Option<usize>,
+}
+
+impl Speculator {
+    pub fn new(drafter: Drafter) -> Speculator {
+        Speculator {
+            drafter,
+            cost: CostModel::new(),
+            queue: VecDeque::new(),
+            stats: SpecStats::default(),
+            force_k: None,
+        }
+    }
+
+    pub fn stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    /// The running estimate of the drafts' acceptance.
+    pub fn acceptance(&self) -> f64 {
+        self.cost.acceptance()
+    }
+
+    pub(super) fn pop(&mut self) -> Option<(u32, Option<TokenLogprobs>)> {
+        self.queue.pop_front()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+/// What one more token adds to a pass, from the model's live counters: a prefill token's
+/// measured cost (compute, with the dense reads spread over the prompt), and the expert
+/// reads it may add (its routed experts, a fifth of them shared with the others of the pass,
+/// times the miss rate and the measured read time per expert).
+fn prior(m: &crate::model::Model) -> Prior {
+    let c = &m.counters;
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (pt, pns) = (ld(&c.prefill_tokens), ld(&c.prefill_ns));
+    let per_token_s = if pt > 0 {
+        pns as f64 * 1e-9 / pt as f64
+    } else {
+        0.0
+    };
+    let e = m.experts.counters();
+    let (req, miss, read_ns) = (ld(&e.requests), ld(&e.misses), ld(&e.read_ns));
+    let reads_s = if req > 0 && miss > 0 {
+        let miss_rate = miss as f64 / req as f64;
+        let per_read = read_ns as f64 * 1e-9 / miss as f64;
+        let routed = (m.cfg.experts_per_tok * m.cfg.num_layers) as f64;
+        routed * 0.8 * miss_rate * per_read
+    } else {
+        0.0
+    };
+    Prior {
+        per_token_s,
+        reads_s,
+    }
+}
+
+impl Session {
+    /// A speculative step of `g` (its prompt fed, a token pending, no constraint): drafts,
+    /// then verifies as many as the cost model chooses, or steps plainly. Returns the first
+    /// token; the others wait in the speculator's queue. `None` when speculation does not
+    /// apply (the caller steps plainly).
+    pub(super) fn speculative_step<C: Fn() -> bool + Sync>(
+        &mut self,
+        g: &mut Generation,
+        cancel: &C,
+    ) -> Result<Option<u32>> {
+        let Some(pending) = self.pending else {
+            return Ok(None);
+        };
+        let Some(spec) = g.spec.as_mut() else {
+            return Ok(None);
+        };
+        if g.constraint.is_some() || g.stopped {
+            return Ok(None);
+        }
+        // room: the tokens fed (1 + k) within the context and the journal's window, the
+        // tokens sampled (at most 1 + k) within max_new
+        let pos = self.st.pos();
+        let room = [
+            self.model.ctx.saturating_sub(pos + 1),
+            self.model.journal_capacity().saturating_sub(1),
+            g.max_new.saturating_sub(g.produced + 1),
+            K_MAX,
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0);
+        if room == 0 {
+            return Ok(None);
+        }
+        let mut seq = Vec::with_capacity(pos + 1);
+        seq.extend_from_slice(&self.st.tokens);
+        seq.push(pending);
+        let drafts = spec.drafter.propose(&seq, room);
+        spec.cost.set_prior(prior(&self.model));
+        let k = match spec.force_k {
+            Some(k) => k.min(drafts.len()),
+            None => spec.cost.choose(drafts.len()),
+        };
+        if k == 0 {
+            // a plain step, timed for the cost model
+            let t0 = Instant::now();
+            self.flush(&[], cancel)?;
+            spec.cost.observe_pass(1, t0.elapsed().as_secs_f64());
+            let step = SpecStats {
+                plain_steps: 1,
+                ..SpecStats::default()
+            };
+            spec.stats.add(&step);
+            self.model.counters.add_speculation(&step);
+            return Ok(None); // sampled by the plain step from the logits now at hand
+        }
+        let drafts = &drafts[..k];
+        let mut fed = Vec::with_capacity(k + 1);
+        fed.push(pending);
+        fed.extend_from_slice(drafts);
+        let t0 = Instant::now();
+        let before = self.st.journal_begin();
+        let rows = match self.model.forward(&mut self.st, &fed, Want::All, cancel) {
+            Ok(r) => r,
+            Err(e) => {
+                self.st.journal_end(); // the pass restored the state
+                return Err(e);
+            }
+        };
+        let v = self.model.cfg.vocab_size;
+        // sample each position as plain step `produced + i` would
+        let mut out: Vec<(u32, Option<TokenLogprobs>)> = Vec::with_capacity(k + 1);
+        let mut stopped = false;
+        for i in 0..=k {
+            let logits = &rows[i * v..(i + 1) * v];
+            let mut p = g.params.clone();
+            p.seed = g.params.seed.wrapping_add((g.produced + i) as u64);
+            let tok = Sampler::new(p).pick_allowed(logits, None);
+            let lp = g.logprobs.map(|top| TokenLogprobs::of(logits, tok, top));
+            out.push((tok, lp));
+            let produced = g.produced + i + 1;
+            stopped =
+                g.stop_ids.contains(&tok) || produced >= g.max_new || pos + i + 1 >= self.model.ctx;
+            if stopped || i == k || tok != drafts[i] {
+                break;
+            }
+        }
+        let a = out.len(); // tokens sampled; the fed tokens kept are the pending one + a - 1
+                           // drafts judged (a stop may end the verify before the others) and the right ones
+        let judged = a.min(k);
+        let matched = (0..judged).take_while(|&i| out[i].0 == drafts[i]).count();
+        if a < k + 1 {
+            if let Err(e) = self.model.cut_back(&mut self.st, &before, a) {
+                // cannot happen by construction; stay correct: back to before the pass
+                self.st.journal_end();
+                self.st.rollback(&before)?;
+                return Err(e);
+            }
+        } else {
+            self.st.journal_end();
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        spec.cost.observe_pass(k + 1, secs);
+        spec.cost.observe_verify(judged, matched);
+        let mut step = SpecStats {
+            verifies: 1,
+            drafted: k as u64,
+            accepted: matched as u64,
+            ..SpecStats::default()
+        };
+        if let Some(t1) = spec.cost.pass_time(1) {
+            step.saved_s = a as f64 * t1 - secs;
+        }
+        spec.stats.add(&step);
+        self.model.counters.add_speculation(&step);
+        let (last, _) = out[a - 1].clone();
+        self.pending = Some(last);
+        self.last = None;
+        g.produced += a;
+        g.stopped = stopped;
+        let mut it = out.into_iter();
+        let (first, first_lp) = it.next().unwrap_or((last, None));
+        spec.queue.extend(it);
+        g.last_logprobs = first_lp;
+        Ok(Some(first))
+    }
+}
+
+/// The drafter `mode` gives a generation on `m` (None: plain decoding). `auto` is prompt
+/// lookup: the DSpark drafter is loaded and tested (`model::dspark`) but not yet part of
+/// generation, so `dspark` is refused, naming what to use instead.
+pub fn drafter_for(m: &crate::model::Model, mode: Mode) -> Result<Option<Drafter>> {
+    match mode {
+        Mode::Off => Ok(None),
+        Mode::Lookup | Mode::Auto => Ok(Some(Drafter::Lookup(PromptLookup::default()))),
+        Mode::DSpark => Err(Error::arg(if m.drafter.is_none() {
+            "speculate='dspark' needs the checkpoint's DSpark drafter (a 0731 checkpoint loaded \
+             with drafter=True); and drafting with it during generation is not built yet: use \
+             speculate='lookup' or 'auto'"
+        } else {
+            "speculate='dspark': the DSpark drafter is loaded, but drafting with it during \
+             generation is not built yet: use speculate='lookup' or 'auto'"
+        })),
+    }
+}

@@ -1,0 +1,256 @@
+"""Speculative decoding from Python (docs/model.md §9): whichever drafter and whatever it
+drafts, a generation's tokens, log-probabilities and final state are plain decoding's. The
+core's own tests (rust/model/tests_journal.rs) force verifies of every size; here the
+benchmark-only oracle drafter (right with a chosen probability) makes verifies happen on the
+tiny fixtures through the public stream."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import v4flash
+from conftest import FIXTURES, main_, model_for
+from v4flash import _core
+from v4flash.demo import demo_path
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+def _plain(m, prompt, n, **kw):
+    return m.session().generate(prompt, max_new_tokens=n, speculate="off", **kw)
+
+
+def _oracle_run(m, prompt, n, truth, right, k=4, **kw):
+    """A generation whose drafter is right with probability ``right``, verifying ``k`` drafts
+    at every step (the cost model bypassed: the tiny fixtures' timings decide nothing)."""
+    s = m.session()
+    g = s._generation(prompt, max_new_tokens=n, _oracle=(truth, right, 7), _force_drafts=k, **kw)
+    return s, g, g.collect()
+
+
+def test_the_modes_are_the_cores():
+    assert v4flash.SPECULATE == _core.SPECULATE == ("off", "lookup", "dspark", "auto")
+
+
+@pytest.mark.parametrize("name", ["tiny-a", "tiny-b"])
+@pytest.mark.parametrize("temperature,seed", [(0.0, 0), (0.9, 5)])
+def test_every_mode_gives_plain_decodings_tokens(name, temperature, seed):
+    m = model_for(name)
+    # a prompt that repeats itself, so that prompt lookup finds something to draft
+    first = _plain(m, PROMPT, 24)
+    prompt = PROMPT + first + PROMPT
+    want = _plain(m, prompt, 40, temperature=temperature, seed=seed)
+    for mode in ("lookup", "auto"):
+        s = m.session()
+        g = s._generation(
+            prompt, max_new_tokens=40, temperature=temperature, seed=seed, speculate=mode
+        )
+        assert g.collect() == want, mode
+        sp = g.speculation()
+        assert sp["verifies"] + sp["plain_steps"] > 0
+        assert s.tokens == prompt + want
+
+
+@pytest.mark.parametrize("right", [1.0, 0.6, 0.0])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_verified_drafts_keep_tokens_state_and_logprobs(right, temperature):
+    m = model_for("tiny-b")
+    n = 60
+    ref = m.session()
+    want = list(
+        ref.stream_logprobs(
+            PROMPT,
+            max_new_tokens=n,
+            top_logprobs=3,
+            temperature=temperature,
+            seed=2,
+            speculate="off",
+        )
+    )
+    truth = [t for t, _, _ in want]
+    s = m.session()
+    g = s._generation(
+        PROMPT,
+        max_new_tokens=n,
+        logprobs=3,
+        temperature=temperature,
+        seed=2,
+        _oracle=(truth, right, 3),
+        _force_drafts=5,
+    )
+    got = []
+    for t in g:
+        lp, top = g.logprobs()
+        got.append((t, lp, top))
+    assert [t for t, _, _ in got] == truth
+    for (_, a, ta), (_, b, tb) in zip(got, want):
+        assert a == b and ta == tb
+    sp = g.speculation()
+    assert sp["verifies"] > 0
+    if right == 1.0:
+        assert sp["accepted"] == sp["drafted"] > 0 and sp["plain_steps"] == 0
+    if right == 0.0:
+        assert sp["accepted"] == 0
+    # the state is plain decoding's: the same tokens, the same logits after feeding on
+    assert s.tokens == ref.tokens
+    s.feed([3])
+    ref.feed([3])
+    assert np.array_equal(s.last_logits(), ref.last_logits())
+
+
+def test_the_model_counts_speculation():
+    m = v4flash.load(FIXTURES / "tiny-a")
+    truth = _plain(m, PROMPT, 30)
+    before = m.stats().get("speculation") or {"verifies": 0, "drafted": 0, "accepted": 0}
+    _, g, got = _oracle_run(m, PROMPT, 30, truth, 1.0)
+    assert got == truth
+    after = m.stats()["speculation"]
+    sp = g.speculation()
+    assert after["verifies"] - before["verifies"] == sp["verifies"] > 0
+    assert after["accepted"] - before["accepted"] == sp["accepted"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_max_new_tokens_is_kept_inside_a_verify(n):
+    m = model_for("tiny-a")
+    truth = _plain(m, PROMPT, 40)
+    want = _plain(m, PROMPT, n)
+    for k in (1, 2, 6):
+        s, _, got = _oracle_run(m, PROMPT, n, truth, 1.0, k=k)
+        assert got == want
+    assert s.tokens == PROMPT + want
+
+
+def test_a_stop_id_inside_the_drafts_ends_there():
+    m = model_for("tiny-a")
+    truth = _plain(m, PROMPT, 30, stop_ids=[])
+    stop = truth[12]
+    want = _plain(m, PROMPT, 30, stop_ids=[stop])
+    assert want[-1] == stop and len(want) <= 13
+    s = m.session()
+    g = s._generation(
+        PROMPT, max_new_tokens=30, stop_ids=[stop], _oracle=(truth, 1.0, 1), _force_drafts=6
+    )
+    assert g.collect() == want
+    assert s.tokens == PROMPT + want
+
+
+def test_the_context_end_is_kept_inside_a_verify():
+    m = v4flash.load(FIXTURES / "tiny-a", ctx=40)
+    prompt = list(range(3, 30))
+    ref = m.session()
+    want = ref.generate(prompt, max_new_tokens=100, speculate="off")
+    assert len(prompt) + len(want) == 41  # the last token sampled cannot be fed
+    truth = want
+    s = m.session()
+    g = s._generation(prompt, max_new_tokens=100, _oracle=(truth, 1.0, 1), _force_drafts=5)
+    assert g.collect() == want
+    assert g.speculation()["verifies"] > 0
+    assert s.tokens == ref.tokens
+
+
+def test_a_constrained_generation_steps_plainly():
+    from v4flash.textapi.constraints import compile_grammar
+
+    m = v4flash.load(demo_path())
+    grammar = compile_grammar(m, "regex", "[0-9]{6}")
+    prompt = m.tokenizer.encode("The numbers are 123456 and 123456 and 1")
+    want = m.session().generate(prompt, max_new_tokens=8, constraint=grammar, speculate="off")
+    s = m.session()
+    g = s._generation(
+        prompt, max_new_tokens=8, constraint=grammar, _oracle=(want, 1.0, 1), _force_drafts=4
+    )
+    assert g.collect() == want
+    assert g.speculation()["verifies"] == 0
+
+
+def test_snapshots_and_saved_sessions_after_speculation(tmp_path):
+    m = model_for("tiny-b")
+    truth = _plain(m, PROMPT, 30)
+    s, _, got = _oracle_run(m, PROMPT, 30, truth, 0.7)
+    assert got == truth
+    snap = s.snapshot()
+    more = s.generate([4, 4], max_new_tokens=5, speculate="off")
+    s.rollback(snap)
+    assert s.generate([4, 4], max_new_tokens=5, speculate="off") == more
+    s.rollback(snap)
+    s.save(tmp_path / "s.v4s")
+    back = m.load_session(tmp_path / "s.v4s")
+    assert back.tokens == s.tokens
+    assert back.generate([4, 4], max_new_tokens=5, speculate="off") == more
+
+
+def test_unknown_modes_are_refused_by_name():
+    m = model_for("tiny-a")
+    with pytest.raises(ValueError, match="speculate"):
+        m.session().generate(PROMPT, max_new_tokens=2, speculate="fast")
+    with pytest.raises(ValueError, match="speculate"):
+        v4flash.load(FIXTURES / "tiny-a", speculate="always")
+
+
+def test_dspark_without_its_drafter_names_what_to_use():
+    m = model_for("tiny-a")
+    with pytest.raises(ValueError, match="lookup"):
+        m.session().generate(PROMPT, max_new_tokens=2, speculate="dspark")
+
+
+def test_the_command_line_flag(capsys):
+    r = main_(
+        capsys,
+        "run",
+        "-m",
+        FIXTURES / "tiny-a",
+        "--raw",
+        "--speculate",
+        "lookup",
+        "-n",
+        "5",
+        "--seed",
+        "3",
+        "hello",
+    )
+    assert r.returncode == 0, r.stderr
+    off = main_(
+        capsys,
+        "run",
+        "-m",
+        FIXTURES / "tiny-a",
+        "--raw",
+        "--speculate",
+        "off",
+        "-n",
+        "5",
+        "--seed",
+        "3",
+        "hello",
+    )
+    assert r.stdout == off.stdout
+    with pytest.raises(SystemExit) as e:
+        main_(capsys, "run", "-m", FIXTURES / "tiny-a", "--speculate", "maybe", "hi")
+    assert e.value.code == 2 and "--speculate" in capsys.readouterr().err
+
+
+def test_bench_reports_the_speculative_decode(capsys):
+    r = main_(
+        capsys,
+        "bench",
+        "-m",
+        FIXTURES / "tiny-a",
+        "-p",
+        "16",
+        "-n",
+        "24",
+        "--json",
+        "--speculate",
+        "oracle:1.0",
+    )
+    assert r.returncode == 0, r.stderr
+    sp = json.loads(r.stdout)["speculation"]
+    assert sp["mode"] == "oracle:1.0" and sp["same_tokens"] is True
+    # whether verifies pay on a model this small is the cost model's call; what it verified
+    # was right
+    assert sp["verifies"] + sp["plain_steps"] > 0 and sp["accepted"] == sp["drafted"]
+    assert sp["ratio"] > 0
