@@ -6,7 +6,8 @@ rust/model/tests_batch.rs."""
 import numpy as np
 import pytest
 
-from conftest import FIXTURE_NAMES, model_for
+import v4flash
+from conftest import FIXTURE_NAMES, FIXTURES, model_for
 from v4flash import _core
 
 
@@ -89,3 +90,21 @@ def test_a_refused_batch_changes_no_sequence():
     assert _core.step_batch([]) == []
     a.reset()
     assert (a.position, a.tokens, a.last_logits()) == (0, [], None)
+
+
+def test_the_plan_holds_the_sessions_asked_for_and_says_how_many_fit():
+    tiny = FIXTURES / "tiny-a"
+    one = v4flash.plan(tiny, ram_gb=3, ctx=1 << 20)
+    assert (one["sessions"], one["max_sessions"]) == (1, one["max_sessions"])
+    n = one["max_sessions"]
+    assert n > 2
+    p = v4flash.plan(tiny, ram_gb=3, ctx=1 << 20, sessions=n)
+    assert (p["sessions"], p["max_sessions"]) == (n, n)
+    assert p["state_bytes"] == n * one["state_bytes"]
+    assert p["slots"] <= one["slots"] and p["total_bytes"] <= 3e9
+    with pytest.raises(MemoryError, match=f"{n + 1} sessions x"):
+        v4flash.plan(tiny, ram_gb=3, ctx=1 << 20, sessions=n + 1)
+    with pytest.raises(ValueError, match="sessions must be >= 1"):
+        v4flash.plan(tiny, ram_gb=3, sessions=0)
+    m = v4flash.load(tiny, ram_gb=3, ctx=1 << 20, sessions=2)
+    assert m.plan() == v4flash.plan(tiny, ram_gb=3, ctx=1 << 20, sessions=2)

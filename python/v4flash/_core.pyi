@@ -63,6 +63,7 @@ class LoadOptions(TypedDict, total=False):
     threads: int | None
     expert_cache_mb: float | None
     ctx: int | None
+    sessions: int | None
     io: Literal["direct", "buffered", "mmap"] | None
     cache_policy: Literal["freq-decay", "lru"] | None
     io_threads: int | None
@@ -94,6 +95,8 @@ class Plan(TypedDict):
     drafter_bytes: int
     embed_head_bytes: int
     state_bytes: int
+    sessions: int
+    max_sessions: int
     scratch_bytes: int
     prefill_chunk: int
     prefill_span: int
