@@ -24,6 +24,9 @@ pub struct LoadOptions {
     /// Context length (tokens per session); defaults to min(max_position_embeddings,
     /// `plan::DEFAULT_CTX`).
     pub ctx: Option<NonZeroUsize>,
+    /// Sessions the memory plan holds state for at `ctx` (a server's sequences stepped
+    /// together); 1 by default.
+    pub sessions: NonZeroUsize,
     /// How activations meet the weights (`kernels::Numerics`).
     pub numerics: Numerics,
     /// The per-model switches (`lookahead`, `prefault`, `io_uring`; `Tuning::from_env` by
@@ -46,6 +49,7 @@ impl Default for LoadOptions {
             io_threads: NonZeroUsize::new(8).unwrap_or(NonZeroUsize::MIN),
             expert_cache_bytes: None,
             ctx: None,
+            sessions: NonZeroUsize::MIN,
             numerics: Numerics::Exact,
             tuning: Tuning::from_env(),
             drafter: false,
@@ -59,11 +63,12 @@ const MAX_RAM_GB: f64 = (1u64 << 20) as f64;
 
 impl LoadOptions {
     /// The options `set` takes, in the order the docs list them.
-    pub const NAMES: [&'static str; 13] = [
+    pub const NAMES: [&'static str; 14] = [
         "ram_gb",
         "threads",
         "expert_cache_mb",
         "ctx",
+        "sessions",
         "io",
         "cache_policy",
         "io_threads",
@@ -78,7 +83,7 @@ impl LoadOptions {
     /// Sets option `name` from `v` (an absent value keeps the default):
     /// - `ram_gb`: the budget for the whole process, in GB of 10^9 bytes (> 0, at most a
     ///   petabyte);
-    /// - `threads`, `io_threads`, `ctx`: integers >= 1;
+    /// - `threads`, `io_threads`, `ctx`, `sessions`: integers >= 1;
     /// - `expert_cache_mb`: the expert cache in MiB (> 0; at least one expert);
     /// - `io`: `direct`, `buffered` or `mmap`; `cache_policy`: `freq-decay` or `lru`;
     ///   `numerics`: one of `Numerics::ALL`;
@@ -113,6 +118,7 @@ impl LoadOptions {
             }
             "threads" => self.threads = nonzero(v, name)?.or(self.threads),
             "ctx" => self.ctx = nonzero(v, name)?.or(self.ctx),
+            "sessions" => self.sessions = nonzero(v, name)?.unwrap_or(self.sessions),
             "io_threads" => self.io_threads = nonzero(v, name)?.unwrap_or(self.io_threads),
             "io" => {
                 let expected = "direct, buffered or mmap";
@@ -195,6 +201,7 @@ mod tests {
             ("threads", "3"),
             ("expert_cache_mb", "1e-06"),
             ("ctx", "64"),
+            ("sessions", "4"),
             ("io", "'mmap'"),
             ("cache_policy", "'lru'"),
             ("io_threads", "2"),
@@ -203,6 +210,7 @@ mod tests {
             ("prefault", "False"),
             ("io_uring", "False"),
             ("drafter", "True"),
+            ("speculate", "'lookup'"),
         ];
         let names: Vec<&str> = given.iter().map(|(n, _)| *n).collect();
         assert_eq!(
@@ -219,10 +227,12 @@ mod tests {
             "at least one byte (one expert)"
         );
         assert_eq!(o.ctx.map(|t| t.get()), Some(64));
+        assert_eq!(o.sessions.get(), 4);
         assert_eq!((o.io, o.policy), (IoMode::Mmap, Policy::Lru));
         assert_eq!((o.io_threads.get(), o.numerics), (2, Numerics::Fast));
         assert!(!o.tuning.lookahead && !o.tuning.prefault && !o.tuning.io_uring);
         assert!(o.drafter);
+        assert_eq!(o.speculate, crate::speculate::Mode::Lookup);
         // absent values keep the defaults
         let d = options(&[("threads", "None"), ("io", "None")]).unwrap();
         assert_eq!(
@@ -237,6 +247,7 @@ mod tests {
             ("threads", "0", "threads must be >= 1, got 0"),
             ("threads", "1.5", "threads must be an integer, got 1.5"),
             ("ctx", "0", "ctx must be >= 1, got 0"),
+            ("sessions", "0", "sessions must be >= 1, got 0"),
             ("io_threads", "0", "io_threads must be >= 1, got 0"),
             (
                 "ram_gb",
@@ -268,6 +279,11 @@ mod tests {
             ("cache_policy", "'x'", "policy must be freq-decay or lru"),
             ("numerics", "'fp4'", "numerics must be exact"),
             ("prefault", "0", "prefault must be True or False, got 0"),
+            (
+                "speculate",
+                "'always'",
+                "speculate must be one of off, lookup",
+            ),
         ];
         for (name, shown, want) in cases {
             match options(&[(name, shown)]) {

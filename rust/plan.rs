@@ -53,8 +53,16 @@ pub struct Plan {
     pub drafter_cache_bytes: u64,
     /// Of which the embedding and the output head.
     pub embed_head_bytes: u64,
-    /// One session's state at the full context, plus one snapshot of its windows.
+    /// The state of `sessions` sessions at the full context, each with the copy of its
+    /// windows a call keeps (one session's: `state_bytes / sessions`).
     pub state_bytes: u64,
+    /// Sessions the plan holds state for (`LoadOptions::sessions`): what a server may run
+    /// side by side, stepped together by `Model::forward_batch`.
+    pub sessions: usize,
+    /// The most sessions at `ctx` the budget could hold: with the smallest expert cache and
+    /// prefill chunk that run (each session beyond `sessions` takes its state from the
+    /// expert cache).
+    pub max_sessions: usize,
     pub scratch_bytes: u64,
     /// Tokens per prefill chunk (what `scratch_bytes` is sized for).
     pub prefill_chunk: usize,
@@ -119,6 +127,7 @@ pub fn plan_for(ck: &Checkpoint, c: &ModelConfig, ctx: usize, opts: &LoadOptions
         opts.expert_cache_bytes,
         slot as u64,
         drafter,
+        opts.sessions.get(),
     )
 }
 
@@ -212,10 +221,12 @@ fn state_elems(c: &ModelConfig, ctx: usize) -> Option<u64> {
     Some(elems)
 }
 
-/// Scratch for one prefill chunk (activations, attention outputs, expert buffers, logits);
+/// Scratch for one prefill chunk (activations, attention outputs, expert buffers) and the
+/// logits of `sessions` sequences stepped together (a batch cuts its tokens into the same
+/// chunks and spans, so its activations are those of a chunk whatever the sessions);
 /// `Error::Memory` when that exceeds u64.
-pub fn scratch_bytes(c: &ModelConfig, chunk: usize) -> Result<u64> {
-    scratch(c, chunk).ok_or_else(|| {
+pub fn scratch_bytes(c: &ModelConfig, chunk: usize, sessions: usize) -> Result<u64> {
+    scratch(c, chunk, sessions).ok_or_else(|| {
         Error::Memory(
             "the model's dimensions are too large for any memory budget: the scratch buffers \
              would need more than 2^64 bytes"
@@ -224,7 +235,7 @@ pub fn scratch_bytes(c: &ModelConfig, chunk: usize) -> Result<u64> {
     })
 }
 
-fn scratch(c: &ModelConfig, chunk: usize) -> Option<u64> {
+fn scratch(c: &ModelConfig, chunk: usize, sessions: usize) -> Option<u64> {
     let n = chunk as u64;
     let u = |x: usize| x as u64;
     let (h, qd) = (u(c.hidden_size), u(c.num_heads).checked_mul(u(c.head_dim))?);
@@ -241,7 +252,7 @@ fn scratch(c: &ModelConfig, chunk: usize) -> Option<u64> {
     ];
     let per_tok = terms.iter().try_fold(0u64, |a, &t| a.checked_add(t))?;
     n.checked_mul(per_tok)?
-        .checked_add(u(c.vocab_size).checked_mul(2)?)?
+        .checked_add(u(c.vocab_size).checked_mul(2)?.checked_mul(u(sessions))?)?
         .checked_mul(4)
 }
 
@@ -259,6 +270,8 @@ pub fn span_bytes_per_token(c: &ModelConfig) -> Option<u64> {
     floats.checked_mul(4)
 }
 
+/// The plan for `sessions` sessions at context `ctx` within `ram_bytes` (or the memory
+/// available), with an expert cache of `expert_cache_bytes` if given, else the rest.
 pub fn plan(
     ck: &Checkpoint,
     c: &ModelConfig,
@@ -267,6 +280,7 @@ pub fn plan(
     expert_cache_bytes: Option<u64>,
     slot_bytes: u64,
     drafter: Option<DrafterNeed>,
+    sessions: usize,
 ) -> Result<Plan> {
     let sizes = TableBytes::of_checkpoint(ck);
     if sizes.overflow {
@@ -285,8 +299,12 @@ pub fn plan(
         .try_fold(dense, |a, &b| a.checked_add(b))
         .ok_or_else(|| beyond_u64(ctx, "the dense weights and the drafter"))?;
     let total_experts = c.num_layers.saturating_mul(c.n_routed_experts);
-    let state = state_bytes(c, ctx)?;
-    let scratch = scratch_bytes(c, PREFILL_CHUNK_MIN)?;
+    let sessions = sessions.max(1);
+    let one = state_bytes(c, ctx)?;
+    let state = one
+        .checked_mul(sessions as u64)
+        .ok_or_else(|| beyond_u64(ctx, "the sessions' state"))?;
+    let scratch = scratch_bytes(c, PREFILL_CHUNK_MIN, sessions)?;
     let fixed = [state, scratch, OVERHEAD_BYTES]
         .iter()
         .try_fold(dense_all, |a, &b| a.checked_add(b))
@@ -309,16 +327,18 @@ pub fn plan(
             if b < need {
                 return Err(Error::Memory(format!(
                     "a RAM budget of {:.2} GB cannot run this model: it needs at least {:.2} GB \
-                     (dense weights{} {:.2} GB + session state for {ctx} tokens {:.2} GB + scratch {:.2} GB \
-                     + overhead {:.2} GB + {min_slots} expert slots {:.2} GB); raise --ram or lower --ctx",
+                     (dense weights{} {:.2} GB + session state for {}{ctx} tokens {:.2} GB + scratch {:.2} GB \
+                     + overhead {:.2} GB + {min_slots} expert slots {:.2} GB); raise --ram or lower --ctx{}",
                     gb(b),
                     gb(need),
                     if drafter.slots > 0 { " and drafter" } else { "" },
                     gb(dense_all),
+                    if sessions > 1 { format!("{sessions} sessions x ") } else { String::new() },
                     gb(state),
                     gb(scratch),
                     gb(OVERHEAD_BYTES),
-                    gb(min_slot_bytes)
+                    gb(min_slot_bytes),
+                    if sessions > 1 { " or the sessions" } else { "" }
                 )));
             }
             (Some(b), None, b - fixed)
@@ -334,6 +354,21 @@ pub fn plan(
             };
             (None, avail, room)
         }
+    };
+    // How many sessions the memory could hold at the least: each one more adds its state
+    // and its logits' scratch to what runs with one session and the smallest cache.
+    let per_session = one.saturating_add(8 * c.vocab_size as u64);
+    let base = fixed
+        .saturating_sub(state.saturating_sub(one))
+        .saturating_sub(scratch.saturating_sub(scratch_bytes(c, PREFILL_CHUNK_MIN, 1)?))
+        .saturating_add(min_slot_bytes);
+    let cap = match budget {
+        Some(b) => b,
+        None => fixed.saturating_add(room),
+    };
+    let max_sessions = match cap.checked_sub(base) {
+        Some(spare) => 1 + usize::try_from(spare / per_session.max(1)).unwrap_or(usize::MAX - 1),
+        None => 0,
     };
     // An explicit expert cache is claimed first (it must fit next to the smallest chunk).
     let claimed = match expert_cache_bytes {
@@ -363,7 +398,7 @@ pub fn plan(
     let (mut chunk, mut scratch, mut fixed, mut room) = (PREFILL_CHUNK_MIN, scratch, fixed, room);
     let mut spent = 0u64;
     while chunk < PREFILL_CHUNK_MAX && chunk < ctx {
-        let Ok(s2) = scratch_bytes(c, chunk * 2) else {
+        let Ok(s2) = scratch_bytes(c, chunk * 2, sessions) else {
             break;
         };
         let extra = s2 - scratch; // grows with the chunk
@@ -407,6 +442,8 @@ pub fn plan(
         drafter_cache_bytes: drafter_cache,
         embed_head_bytes: sizes.embed_head_bytes,
         state_bytes: state,
+        sessions,
+        max_sessions,
         scratch_bytes: scratch,
         prefill_chunk: chunk,
         prefill_span: span,
@@ -482,7 +519,7 @@ mod tests {
         let b = state_bytes(&c, 8192).unwrap();
         // 21 CSA layers × (512+128)/4 + 20 HCA × 512/128 = 3440 f32 per token
         assert_eq!(b - a, 4096 * 3440 * 4);
-        assert!(scratch_bytes(&c, PREFILL_CHUNK_MIN).unwrap() < 1 << 30);
+        assert!(scratch_bytes(&c, PREFILL_CHUNK_MIN, 1).unwrap() < 1 << 30);
     }
 
     #[test]
@@ -513,7 +550,7 @@ mod tests {
         for ram in [Some(2_000_000_000u64), Some(u64::MAX), None] {
             for ctx in [1usize << 58, 1 << 62] {
                 let ctx = resolve_ctx(&c, NonZeroUsize::new(ctx)).unwrap();
-                match plan(&ck, &c, ctx, ram, None, slot, None) {
+                match plan(&ck, &c, ctx, ram, None, slot, None, 1) {
                     Err(Error::Memory(m)) => {
                         assert!(m.contains("too large for any memory budget"), "{m}")
                     }
@@ -522,17 +559,61 @@ mod tests {
             }
         }
         // a large context that does not overflow is refused with the size it needs
-        match plan(&ck, &c, 1 << 40, Some(2_000_000_000), None, slot, None) {
+        match plan(&ck, &c, 1 << 40, Some(2_000_000_000), None, slot, None, 1) {
             Err(Error::Memory(m)) => assert!(m.contains("it needs at least"), "{m}"),
             other => panic!("expected Error::Memory, got {other:?}"),
         }
         // and an ordinary one fits, with a total that adds up
-        let p = plan(&ck, &c, 4096, Some(2_000_000_000), None, slot, None).unwrap();
+        let p = plan(&ck, &c, 4096, Some(2_000_000_000), None, slot, None, 1).unwrap();
         assert!(p.total_bytes() <= 2_000_000_000);
         assert_eq!(
             p.total_bytes(),
             p.dense_bytes + p.state_bytes + p.scratch_bytes + p.overhead_bytes + p.cache_bytes()
         );
+    }
+
+    #[test]
+    fn sessions_take_their_state_from_the_expert_cache_up_to_max_sessions() {
+        let ck = Checkpoint::open(&fixture()).unwrap();
+        let c = ModelConfig::from_file(&fixture().join("config.json")).unwrap();
+        let slot = crate::store::slot_size(&ck, &c).unwrap() as u64;
+        let (ctx, ram) = (1 << 20, Some(3_000_000_000u64));
+        let one = plan(&ck, &c, ctx, ram, None, slot, None, 1).unwrap();
+        let per = state_bytes(&c, ctx).unwrap();
+        assert_eq!((one.sessions, one.state_bytes), (1, per));
+        let max = one.max_sessions;
+        assert!(max > 2, "{max} sessions of {per} bytes in 3 GB");
+        let mut last_slots = one.slots;
+        for n in [2, max] {
+            let p = plan(&ck, &c, ctx, ram, None, slot, None, n).unwrap();
+            assert_eq!((p.sessions, p.max_sessions), (n, max));
+            assert_eq!(p.state_bytes, n as u64 * per);
+            let k = p.prefill_chunk;
+            assert_eq!(p.scratch_bytes, scratch_bytes(&c, k, n).unwrap());
+            assert_eq!(
+                scratch_bytes(&c, k, n).unwrap() - scratch_bytes(&c, k, 1).unwrap(),
+                (n as u64 - 1) * 8 * c.vocab_size as u64,
+                "each session's logits"
+            );
+            assert!(p.slots <= last_slots && p.total_bytes() <= 3_000_000_000);
+            last_slots = p.slots;
+        }
+        match plan(&ck, &c, ctx, ram, None, slot, None, max + 1) {
+            Err(Error::Memory(m)) => {
+                assert!(m.contains(&format!("{} sessions x", max + 1)), "{m}");
+                assert!(m.contains("or the sessions"), "{m}");
+            }
+            other => panic!("expected Error::Memory, got {other:?}"),
+        }
+        // the smallest budget that runs one session holds one
+        let need = one.dense_bytes
+            + per
+            + scratch_bytes(&c, PREFILL_CHUNK_MIN, 1).unwrap()
+            + OVERHEAD_BYTES
+            + c.experts_per_tok as u64 * slot;
+        let p = plan(&ck, &c, ctx, Some(need), None, slot, None, 1).unwrap();
+        assert_eq!((p.max_sessions, p.slots), (1, c.experts_per_tok));
+        assert!(plan(&ck, &c, ctx, Some(need - 1), None, slot, None, 1).is_err());
     }
 
     #[test]

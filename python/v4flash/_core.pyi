@@ -45,6 +45,8 @@ __all__ = [
     "Stream",
     "Vocabulary",
     "Grammar",
+    "BatchSession",
+    "step_batch",
 ]
 
 _Path = str | PathLike[str]
@@ -65,6 +67,7 @@ class LoadOptions(TypedDict, total=False):
     threads: int | None
     expert_cache_mb: float | None
     ctx: int | None
+    sessions: int | None
     io: Literal["direct", "buffered", "mmap"] | None
     cache_policy: Literal["freq-decay", "lru"] | None
     io_threads: int | None
@@ -101,6 +104,8 @@ class Plan(TypedDict):
     drafter_cache_bytes: int
     embed_head_bytes: int
     state_bytes: int
+    sessions: int
+    max_sessions: int
     scratch_bytes: int
     prefill_chunk: int
     prefill_span: int
@@ -312,3 +317,19 @@ class Grammar:
     def kind(self) -> str: ...
     @property
     def compile_seconds(self) -> float: ...
+
+@final
+class BatchSession:
+    """A sequence that ``step_batch`` feeds together with others (rust/python/batch.rs)."""
+
+    def __new__(cls, model: Model) -> BatchSession: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def tokens(self) -> list[int]: ...
+    def last_logits(self) -> npt.NDArray[np.float32] | None: ...
+    def reset(self) -> None: ...
+
+def step_batch(
+    items: Sequence[tuple[BatchSession, Sequence[int], Literal["none", "last", "all"]]],
+) -> list[npt.NDArray[np.float32] | None]: ...

@@ -332,6 +332,8 @@ def load(
     - ``expert_cache_mb``: sizes the routed-expert cache directly;
     - ``ctx``: the tokens per session (default: the smaller of the model's maximum and
       65,536);
+    - ``sessions``: how many sessions the plan holds state for at ``ctx`` (default 1; what a
+      server steps together; ``plan()["max_sessions"]`` says how many the budget could hold);
     - ``io``: ``direct`` (O_DIRECT/F_NOCACHE where the OS allows it, else buffered, the
       default), ``buffered`` (the portable pread path) or ``mmap``; ``io_threads``: the pread
       pool's threads (default 8);

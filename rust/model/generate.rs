@@ -22,7 +22,7 @@ pub use speculate::{drafter_for, Speculator};
 use super::sample::{SampleParams, Sampler};
 use super::session::file as session_file;
 use super::session::{Snapshot, State};
-use super::{Model, Want};
+use super::{Model, Seq, Want};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use std::path::Path;
@@ -40,6 +40,14 @@ pub struct Session {
     /// the state holds at least one token (a rollback restores them from the snapshot), so
     /// generation can always continue from where the session stands.
     last: Option<Vec<f32>>,
+}
+
+/// One session's part of `Session::feed_batch`: the tokens it feeds after its pending one,
+/// and the logits it wants back.
+pub struct BatchFeed<'a> {
+    pub session: &'a mut Session,
+    pub ids: &'a [u32],
+    pub want: Want,
 }
 
 /// One generation's arguments and progress: the prompt to feed first, the sampling
@@ -240,6 +248,63 @@ impl Session {
         self.pending = None;
         self.last = Some(v);
         Ok(())
+    }
+
+    /// Feeds several sessions of one model in one batched forward pass
+    /// (`Model::forward_batch`): each its pending token (if any) then its `ids`, keeping the
+    /// logits after its last token as `feed` does. Returns, per item, the logits it asked
+    /// for: `Last` [V], `All` [rows, V] with one row per token fed (a pending token's first:
+    /// the row that scores the first of `ids`), `None` nothing. An item with nothing to feed
+    /// takes no part and returns nothing. Each session ends as a `feed` of it alone would
+    /// leave it, bit for bit. On error (cancelled included) no session changes.
+    pub fn feed_batch<C: Fn() -> bool + Sync>(
+        items: &mut [BatchFeed<'_>],
+        cancel: &C,
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(model) = items.first().map(|i| i.session.model.clone()) else {
+            return Ok(Vec::new());
+        };
+        if items.iter().any(|i| !Arc::ptr_eq(&i.session.model, &model)) {
+            return Err(Error::arg(
+                "the sessions of a batch must belong to one model",
+            ));
+        }
+        let fed: Vec<Vec<u32>> = items
+            .iter()
+            .map(|i| i.session.pending.iter().chain(i.ids).copied().collect())
+            .collect();
+        let mut seqs: Vec<Seq> = items
+            .iter_mut()
+            .zip(&fed)
+            .map(|(i, ids)| Seq {
+                st: &mut i.session.st,
+                ids,
+                // the last row always: the session keeps it
+                want: match i.want {
+                    Want::All => Want::All,
+                    _ => Want::Last,
+                },
+            })
+            .collect();
+        let outs = model.forward_batch(&mut seqs, cancel)?;
+        drop(seqs);
+        let v = model.cfg.vocab_size;
+        let mut res = Vec::with_capacity(items.len());
+        for ((i, ids), out) in items.iter_mut().zip(&fed).zip(outs) {
+            if ids.is_empty() {
+                res.push(Vec::new());
+                continue;
+            }
+            let last = out[out.len() - v..].to_vec();
+            i.session.pending = None;
+            res.push(match i.want {
+                Want::None => Vec::new(),
+                Want::Last => last.clone(),
+                Want::All => out,
+            });
+            i.session.last = Some(last);
+        }
+        Ok(res)
     }
 
     /// Feeds tokens (prefill) without sampling.

@@ -358,3 +358,98 @@ fn an_empty_batch_and_empty_sequences_do_nothing() {
     );
     assert!(bits(&a) == before);
 }
+
+#[test]
+fn sessions_fed_together_continue_as_each_fed_alone() {
+    use super::generate::{BatchFeed, Generation, Session};
+    use super::sample::SampleParams;
+    use std::sync::Arc;
+    let m = Arc::new(load("tiny-a", Numerics::Exact, 2));
+    let greedy = SampleParams {
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        seed: 0,
+    };
+    let (pa, pb, pc) = (ids(&m, 7, 6), ids(&m, 8, 9), ids(&m, 9, 3));
+    let (xa, xb) = (ids(&m, 10, 2), ids(&m, 11, 1));
+    // a: three tokens generated (the last one pending), b: fed, c: fresh
+    let sessions = || {
+        let mut a = Session::new(m.clone());
+        let mut g = Generation::new(pa.clone(), 3, greedy.clone(), vec![]).unwrap();
+        a.generate(&mut g, &NO).unwrap();
+        let mut b = Session::new(m.clone());
+        b.feed(&pb, &NO).unwrap();
+        (a, b, Session::new(m.clone()))
+    };
+    let (mut a, mut b, mut c) = sessions();
+    let (mut a1, mut b1, mut c1) = sessions();
+    let a_tokens = a.tokens();
+    let out = Session::feed_batch(
+        &mut [
+            BatchFeed {
+                session: &mut a,
+                ids: &xa,
+                want: Want::All,
+            },
+            BatchFeed {
+                session: &mut b,
+                ids: &xb,
+                want: Want::Last,
+            },
+            BatchFeed {
+                session: &mut c,
+                ids: &pc,
+                want: Want::None,
+            },
+        ],
+        &NO,
+    )
+    .unwrap();
+    a1.feed(&xa, &NO).unwrap();
+    b1.feed(&xb, &NO).unwrap();
+    c1.feed(&pc, &NO).unwrap();
+    let v = m.cfg.vocab_size;
+    // a's rows: after its pending token, then after each of xa
+    let all = [&a_tokens[..], &xa].concat();
+    let want_a = m.forward(&mut m.new_state(), &all, Want::All, &NO).unwrap();
+    assert!(same_bits(&out[0], &want_a[(all.len() - 3) * v..]));
+    assert!(same_bits(&out[1], b1.last_logits().unwrap()));
+    assert!(out[2].is_empty());
+    for (s, s1) in [(&mut a, &mut a1), (&mut b, &mut b1), (&mut c, &mut c1)] {
+        assert_eq!(s.tokens(), s1.tokens());
+        assert!(same_bits(
+            s.last_logits().unwrap(),
+            s1.last_logits().unwrap()
+        ));
+        let mut g = Generation::new(vec![], 4, greedy.clone(), vec![]).unwrap();
+        let mut g1 = Generation::new(vec![], 4, greedy.clone(), vec![]).unwrap();
+        assert_eq!(
+            s.generate(&mut g, &NO).unwrap(),
+            s1.generate(&mut g1, &NO).unwrap()
+        );
+    }
+    // sessions of two models are refused, and neither changes
+    let other = Arc::new(load("tiny-a", Numerics::Exact, 1));
+    let mut d = Session::new(other);
+    let before = a.tokens();
+    let e = Session::feed_batch(
+        &mut [
+            BatchFeed {
+                session: &mut a,
+                ids: &xb,
+                want: Want::Last,
+            },
+            BatchFeed {
+                session: &mut d,
+                ids: &xb,
+                want: Want::Last,
+            },
+        ],
+        &NO,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("one model"), "{e}");
+    assert_eq!((a.tokens(), d.position()), (before, 0));
+    assert!(Session::feed_batch(&mut [], &NO).unwrap().is_empty());
+}

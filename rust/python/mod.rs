@@ -1,9 +1,10 @@
 //! The `v4flash._core` extension module: converts arguments into owned Rust values, runs the
 //! work with the GIL released (on a worker thread, while the calling thread watches for
 //! Ctrl-C), and maps `Error` to Python exceptions in one place. By concern: `model` (the
-//! loaded model), `session` (sessions, snapshots, streams), `machine` (the plan without
-//! loading, the switches in force, the machine's probes), `checkpoint` (configs, tensor
-//! tables, inspection), `args` (arguments for the core's rules), `json` (JSON and reports).
+//! loaded model), `session` (sessions, snapshots, streams), `batch` (sequences fed together
+//! in one pass), `machine` (the plan without loading, the switches in force, the machine's
+//! probes), `checkpoint` (configs, tensor tables, inspection), `args` (arguments for the
+//! core's rules), `json` (JSON and reports).
 
 use crate::error::Error;
 use crate::kernels::Numerics;
@@ -26,6 +27,7 @@ macro_rules! add_functions {
 }
 
 mod args;
+mod batch;
 mod checkpoint;
 mod grammar;
 mod json;
@@ -202,5 +204,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::PyModel>()?;
     session::register(m)?;
     grammar::register(m)?;
+    batch::register(m)?;
     Ok(())
 }

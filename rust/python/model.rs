@@ -47,6 +47,13 @@ fn floats(x: &PyReadonlyArray2<'_, f32>, what: &str) -> PyResult<Vec<f32>> {
     }
 }
 
+impl PyModel {
+    /// The core's model (for the other classes of the binding).
+    pub(super) fn core(&self) -> &Arc<CoreModel> {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl PyModel {
     /// Loads the checkpoint at `path` with `options`, checked and converted by the core
