@@ -282,7 +282,7 @@ mod tests {
             (
                 "speculate",
                 "'always'",
-                "speculate must be one of off, lookup",
+                "speculate must be off, lookup, dspark, auto",
             ),
         ];
         for (name, shown, want) in cases {
