@@ -7,15 +7,16 @@
 //! (the tokens accepted, then the one sampled where the first draft failed, or after the
 //! last). Drafting `k` pays when that many tokens per `t(k + 1)` beat one per `t(1)`.
 //!
-//! `t(m)` is the median-like running average of measured passes of `m` tokens; before a pass
-//! of `m` tokens was measured it is predicted as `t(1) + (m - 1) · δ`, with `δ` the extra
-//! cost of one more token: the model's own figure for it (`Prior`, from the store's live
-//! numbers: compute per token, and the expert reads a token adds at the measured hit rate and
-//! read speed), or a line through the passes measured so far. The acceptance starts from a
-//! prior of one half worth two observations and then follows the drafter (each verify
-//! counts its accepted drafts as successes and the first rejected one as a failure; older
-//! observations decay). Where drafting is predicted to lose, only an occasional probe (one
-//! draft) keeps the acceptance current, which bounds what a drafter that is never right costs.
+//! `t(m)` is the running average of measured passes of `m` tokens; a size not measured yet is
+//! predicted on the line through the sizes that were (a plain step and, measured by the first
+//! verify, a pass of two). Before that second size is measured, the first opportunity verifies
+//! one draft: what one more token costs differs too much between machines (a few percent of
+//! a step when the experts are in RAM, nearly a whole step when each token's experts come from
+//! disk) for any figure but a measured one. The acceptance starts from a prior of one half
+//! worth two observations and then follows the drafter (each verify counts its accepted
+//! drafts as successes and the first rejected one as a failure; older observations decay).
+//! Where drafting is predicted to lose, only an occasional probe (one draft) keeps the
+//! acceptance current, which bounds what a drafter that is never right costs.
 
 /// Most drafts verified in one pass.
 pub const K_MAX: usize = 6;
@@ -23,26 +24,15 @@ pub const K_MAX: usize = 6;
 /// speed) to be verified: noise in the measured times must not make drafting lose.
 const MARGIN: f64 = 0.03;
 /// While drafting is predicted to lose, one opportunity in this many verifies a single draft.
-const PROBE_EVERY: u32 = 64;
+const PROBE_EVERY: u32 = 32;
 /// Weight of the newest pass time in its running average, and of an acceptance observation.
 const TIME_WEIGHT: f64 = 0.2;
 const ACCEPT_DECAY: f64 = 0.97;
-
-/// What the model predicts the `(m+1)`-th token of a pass adds, in seconds.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Prior {
-    /// Compute and memory traffic of one more token with every weight at hand.
-    pub per_token_s: f64,
-    /// Expert reads one more token causes (its routed experts not already read by the pass,
-    /// times the miss rate, times the measured read time per expert).
-    pub reads_s: f64,
-}
 
 #[derive(Debug, Clone)]
 pub struct CostModel {
     /// Running average of measured pass times by tokens fed (index m; 0 unused).
     t: [Option<f64>; K_MAX + 2],
-    prior: Option<Prior>,
     /// Acceptance observations (decayed): successes and trials.
     succ: f64,
     trials: f64,
@@ -53,7 +43,6 @@ impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             t: [None; K_MAX + 2],
-            prior: None,
             succ: 1.0,
             trials: 2.0,
             since_probe: 0,
@@ -75,11 +64,6 @@ pub fn expected_tokens(a: f64, k: usize) -> f64 {
 impl CostModel {
     pub fn new() -> CostModel {
         CostModel::default()
-    }
-
-    /// Sets the model's prediction of what one more token costs.
-    pub fn set_prior(&mut self, p: Prior) {
-        self.prior = Some(p);
     }
 
     /// Records a pass that fed `m` tokens and took `secs`.
@@ -127,7 +111,7 @@ impl CostModel {
     }
 
     /// What one more token adds to a pass: a line through the measured passes when there
-    /// are two or more, else the prior, else (nothing known) as much as a plain step.
+    /// are two or more, else (nothing known) as much as a plain step.
     fn per_extra_token(&self, t1: f64) -> f64 {
         let pts: Vec<(f64, f64)> = self
             .t
@@ -145,10 +129,7 @@ impl CostModel {
                 return (sxy / sxx).max(0.0);
             }
         }
-        match self.prior {
-            Some(p) => (p.per_token_s + p.reads_s).max(0.0),
-            None => t1,
-        }
+        t1
     }
 
     /// The predicted speed-up of verifying `k` drafts over plain steps (1.0 for k = 0).
@@ -165,6 +146,9 @@ impl CostModel {
         let available = available.min(K_MAX);
         if available == 0 || self.pass_time(1).is_none() {
             return 0;
+        }
+        if self.t[2].is_none() {
+            return 1; // measure what one more token costs
         }
         let mut best = (1.0 + MARGIN, 0);
         for k in 1..=available {
@@ -261,16 +245,20 @@ mod tests {
     }
 
     #[test]
-    fn unmeasured_pass_sizes_follow_the_prior_then_the_measured_line() {
+    fn the_first_opportunity_measures_a_pass_of_two() {
         let mut c = measured(&[(1, 1.0)]);
-        // no prior: one more token is assumed to cost a whole step (never optimistic)
+        assert_eq!(c.choose(5), 1);
+        // even when it is slow: then nothing more
+        c.observe_pass(2, 2.0);
+        assert_eq!(c.choose(5), 0);
+    }
+
+    #[test]
+    fn unmeasured_pass_sizes_follow_the_measured_line() {
+        let mut c = measured(&[(1, 1.0)]);
+        // one size measured: one more token is assumed to cost a whole step (never optimistic)
         assert_eq!(c.pass_time(3), Some(3.0));
-        c.set_prior(Prior {
-            per_token_s: 0.01,
-            reads_s: 0.04,
-        });
-        assert!((c.pass_time(3).unwrap() - 1.1).abs() < 1e-12);
-        // two measured sizes: their line, not the prior
+        // two measured sizes: their line
         c.observe_pass(3, 1.4);
         assert!((c.pass_time(2).unwrap() - 1.2).abs() < 1e-12);
         assert!((c.pass_time(5).unwrap() - 1.8).abs() < 1e-12);

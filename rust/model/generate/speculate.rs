@@ -9,11 +9,10 @@ use super::{Generation, Session, TokenLogprobs};
 use crate::error::{Error, Result};
 use crate::model::sample::Sampler;
 use crate::model::Want;
-use crate::speculate::cost::{CostModel, Prior, K_MAX};
+use crate::speculate::cost::{CostModel, K_MAX};
 use crate::speculate::lookup::PromptLookup;
 use crate::speculate::{Drafter, Mode, SpecStats};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// A generation's speculation: its drafter, the cost model that decides how many drafts a
@@ -57,35 +56,6 @@ impl Speculator {
     }
 }
 
-/// What one more token adds to a pass, from the model's live counters: a prefill token's
-/// measured cost (compute, with the dense reads spread over the prompt), and the expert
-/// reads it may add (its routed experts, a fifth of them shared with the others of the pass,
-/// times the miss rate and the measured read time per expert).
-fn prior(m: &crate::model::Model) -> Prior {
-    let c = &m.counters;
-    let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let (pt, pns) = (ld(&c.prefill_tokens), ld(&c.prefill_ns));
-    let per_token_s = if pt > 0 {
-        pns as f64 * 1e-9 / pt as f64
-    } else {
-        0.0
-    };
-    let e = m.experts.counters();
-    let (req, miss, read_ns) = (ld(&e.requests), ld(&e.misses), ld(&e.read_ns));
-    let reads_s = if req > 0 && miss > 0 {
-        let miss_rate = miss as f64 / req as f64;
-        let per_read = read_ns as f64 * 1e-9 / miss as f64;
-        let routed = (m.cfg.experts_per_tok * m.cfg.num_layers) as f64;
-        routed * 0.8 * miss_rate * per_read
-    } else {
-        0.0
-    };
-    Prior {
-        per_token_s,
-        reads_s,
-    }
-}
-
 impl Session {
     /// A speculative step of `g` (its prompt fed, a token pending, no constraint): drafts,
     /// then verifies as many as the cost model chooses, or steps plainly. Returns the first
@@ -124,7 +94,6 @@ impl Session {
         seq.extend_from_slice(&self.st.tokens);
         seq.push(pending);
         let drafts = spec.drafter.propose(&seq, room);
-        spec.cost.set_prior(prior(&self.model));
         let k = match spec.force_k {
             Some(k) => k.min(drafts.len()),
             None => spec.cost.choose(drafts.len()),
