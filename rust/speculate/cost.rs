@@ -9,8 +9,8 @@
 //!
 //! `t(m)` is the running average of measured passes of `m` tokens; a size not measured yet is
 //! predicted on the line through the sizes that were (a plain step and, measured by the first
-//! verify, a pass of two). Before that second size is measured, the first opportunity verifies
-//! one draft: what one more token costs differs too much between machines (a few percent of
+//! verifies, a pass of two). Until passes of two were measured three times (one may meet a
+//! cold cache), each opportunity verifies one draft: what one more token costs differs too much between machines (a few percent of
 //! a step when the experts are in RAM, nearly a whole step when each token's experts come from
 //! disk) for any figure but a measured one. The acceptance starts from a prior of one half
 //! worth two observations and then follows the drafter (each verify counts its accepted
@@ -25,6 +25,8 @@ pub const K_MAX: usize = 6;
 const MARGIN: f64 = 0.03;
 /// While drafting is predicted to lose, one opportunity in this many verifies a single draft.
 const PROBE_EVERY: u32 = 32;
+/// Passes of two measured before their average is trusted (one may meet a cold cache).
+const EXPLORE: u32 = 3;
 /// Weight of the newest pass time in its running average, and of an acceptance observation.
 const TIME_WEIGHT: f64 = 0.2;
 const ACCEPT_DECAY: f64 = 0.97;
@@ -33,6 +35,8 @@ const ACCEPT_DECAY: f64 = 0.97;
 pub struct CostModel {
     /// Running average of measured pass times by tokens fed (index m; 0 unused).
     t: [Option<f64>; K_MAX + 2],
+    /// Passes measured by size.
+    seen: [u32; K_MAX + 2],
     /// Acceptance observations (decayed): successes and trials.
     succ: f64,
     trials: f64,
@@ -43,6 +47,7 @@ impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             t: [None; K_MAX + 2],
+            seen: [0; K_MAX + 2],
             succ: 1.0,
             trials: 2.0,
             since_probe: 0,
@@ -71,6 +76,7 @@ impl CostModel {
         if m == 0 || m >= self.t.len() || !secs.is_finite() || secs <= 0.0 {
             return;
         }
+        self.seen[m] = self.seen[m].saturating_add(1);
         self.t[m] = Some(match self.t[m] {
             None => secs,
             Some(old) => old + TIME_WEIGHT * (secs - old),
@@ -147,7 +153,7 @@ impl CostModel {
         if available == 0 || self.pass_time(1).is_none() {
             return 0;
         }
-        if self.t[2].is_none() {
+        if self.seen[2] < EXPLORE {
             return 1; // measure what one more token costs
         }
         let mut best = (1.0 + MARGIN, 0);
@@ -178,7 +184,9 @@ mod tests {
     fn measured(t: &[(usize, f64)]) -> CostModel {
         let mut c = CostModel::new();
         for &(m, s) in t {
-            c.observe_pass(m, s);
+            for _ in 0..EXPLORE {
+                c.observe_pass(m, s);
+            }
         }
         c
     }
@@ -247,9 +255,11 @@ mod tests {
     #[test]
     fn the_first_opportunity_measures_a_pass_of_two() {
         let mut c = measured(&[(1, 1.0)]);
-        assert_eq!(c.choose(5), 1);
-        // even when it is slow: then nothing more
-        c.observe_pass(2, 2.0);
+        for _ in 0..EXPLORE {
+            assert_eq!(c.choose(5), 1);
+            // even when it is slow: then nothing more
+            c.observe_pass(2, 2.0);
+        }
         assert_eq!(c.choose(5), 0);
     }
 
