@@ -1,7 +1,7 @@
 """Aggregate decode speed of B sequences stepped together (``_core.step_batch``, one forward
 pass per step for all of them) against one sequence at a time.
 
-    python3 benches/batch_decode.py --model /work/synth4 --ram 20 --all-experts
+    python3 benches/batch_decode.py --model synth4 --ram 20 --all-experts
         [--batch 1,2,4,8] [--prompt 32] [--steps 12] [--rounds 3] [--threads N] [--json]
 
 One load, then ``--rounds`` rounds; each round runs every B of ``--batch`` (in order on even

@@ -32,14 +32,24 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=48, help="tokens decoded per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--p", default="1.0,0.7,0.4", help="oracle acceptances, comma-separated")
+    ap.add_argument("--only-auto", action="store_true", help="only off and prompt lookup")
     ap.add_argument("--k", default="1,2,4", help="forced draft lengths, comma-separated")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="the prompt is a block of random ids repeated this many times (prompt lookup then "
+        "drafts, and the random model rejects)",
+    )
     a = ap.parse_args()
     ps = [float(x) for x in a.p.split(",")]
     ks = [int(x) for x in a.k.split(",")]
 
     m = v4flash.load(a.model, ram_gb=a.ram)
     rng = np.random.default_rng(0)
-    prompt = [int(x) for x in rng.integers(1000, min(100000, m.config.vocab_size), a.prompt)]
+    block = max(1, a.prompt // max(1, a.repeat))
+    ids = rng.integers(1000, min(100000, m.config.vocab_size), block)
+    prompt = ([int(x) for x in ids] * a.repeat)[: a.prompt]
     s = m.session()
     s.feed(prompt)
     snap = s.snapshot()
@@ -53,10 +63,11 @@ def main() -> None:
 
     plain, _, _ = run(speculate="off")
     cases = [("off", {"speculate": "off"})]
-    for p in ps:
+    for p in [] if a.only_auto else ps:
         cases += [(f"P={p} k={k}", {"_oracle": (plain, p, 0), "_force_drafts": k}) for k in ks]
         cases.append((f"P={p} cost model", {"_oracle": (plain, p, 0)}))
-    cases.append(("P=0 cost model", {"_oracle": (plain, 0.0, 0)}))
+    if not a.only_auto:
+        cases.append(("P=0 cost model", {"_oracle": (plain, 0.0, 0)}))
     cases.append(("lookup (auto)", {"speculate": "auto"}))
     rates: dict = {}
     stats: dict = {}
@@ -71,7 +82,9 @@ def main() -> None:
             rates.setdefault(name, []).append(a.gen / dt)
             stats.setdefault(name, sp)
     off = statistics.median(rates["off"])
-    print(f"{a.model} --ram {a.ram}: off {off:.2f} tok/s (median of {a.rounds})")
+    print(
+        f"{a.model} --ram {a.ram} --repeat {a.repeat}: off {off:.2f} tok/s (median of {a.rounds})"
+    )
     print("| run | tok/s | x off | verifies | accepted / drafted |")
     print("|---|---|---|---|---|")
     for name, _ in cases:

@@ -711,6 +711,9 @@ class ScriptedModel:
     def plan(self):
         return {"prefill_chunk": 256}
 
+    def stats(self):
+        return {}
+
 
 def _dsml_answer(mode, content="", reasoning=""):
     calls = [

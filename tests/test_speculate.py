@@ -254,3 +254,19 @@ def test_bench_reports_the_speculative_decode(capsys):
     # was right
     assert sp["verifies"] + sp["plain_steps"] > 0 and sp["accepted"] == sp["drafted"]
     assert sp["ratio"] > 0
+
+
+def test_a_requests_speculation_is_the_counters_difference():
+    from v4flash.textapi.run import _spec_delta
+
+    before = {"verifies": 3, "drafted": 9, "accepted": 4, "saved_s": 0.5}
+    after = {"verifies": 5, "drafted": 15, "accepted": 9, "saved_s": 0.75, "plain_steps": 40}
+    assert _spec_delta(before, after) == {
+        "verifies": 2,
+        "drafted": 6,
+        "accepted": 5,
+        "saved_s": 0.25,
+    }
+    # nothing verified: nothing to report (the log line and the timings stay as they were)
+    assert _spec_delta(before, dict(before, plain_steps=7)) is None
+    assert _spec_delta({}, {}) is None

@@ -344,6 +344,12 @@ class App:
                 parts.append(f"TTFT {i.get('queue_s', 0) + t['ttft_s']:.3f}s")
             if t.get("decode_tok_s") is not None:
                 parts.append(f"{t['decode_tok_s']:.1f} tok/s")
+            sp = t.get("speculation")
+            if sp:
+                parts.append(
+                    f"drafts {sp['accepted']}/{sp['drafted']} in {sp['verifies']} verifies "
+                    f"({sp['saved_s']:+.2f}s)"
+                )
         elif i.get("note"):
             parts.append(i["note"])
         if i.get("error") and status >= 400:

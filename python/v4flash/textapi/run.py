@@ -61,6 +61,7 @@ def run_job(
     cancel = cancel or (lambda: False)
     prompt = job.prompt
     t0 = time.perf_counter()
+    spec0 = _speculation(model)
     if cache is not None:
         lease = cache.checkout(prompt)
     else:
@@ -204,11 +205,26 @@ def run_job(
                 t_first,
                 "".join(shown),
                 matcher.stopped,
+                _spec_delta(spec0, _speculation(model)),
             ),
         )
     finally:
         if cache is not None:
             cache.checkin(lease)
+
+
+def _speculation(model: Any) -> Dict[str, Any]:
+    return model.stats().get("speculation") or {}
+
+
+def _spec_delta(before: Dict[str, Any], after: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """What speculation did during one request (requests run one at a time): verifies,
+    drafted and accepted tokens, seconds saved; None when nothing was verified."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("verifies", "drafted", "accepted")}
+    if not d["verifies"]:
+        return None
+    d["saved_s"] = round(after.get("saved_s", 0.0) - before.get("saved_s", 0.0), 4)
+    return d
 
 
 def _end(
@@ -223,6 +239,7 @@ def _end(
     t_first,
     text,
     stop=None,
+    speculation=None,
 ):
     t_end = time.perf_counter()
     n = len(ids)
@@ -233,6 +250,8 @@ def _end(
         "total_s": round(t_end - t0, 4),
         "decode_tok_s": round((n - 1) / decode_s, 2) if decode_s and n > 1 else None,
     }
+    if speculation:
+        timings["speculation"] = speculation
     usage = Usage(
         prompt_tokens=len(job.prompt) + extra_prompt,
         completion_tokens=n,
