@@ -402,6 +402,8 @@ fn load_block(
 }
 
 #[cfg(test)]
+mod test_util;
+#[cfg(test)]
 mod tests_batch;
 #[cfg(test)]
 mod tests_fixtures;

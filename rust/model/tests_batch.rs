@@ -6,38 +6,15 @@
 //! batch leaves every state as it was.
 
 use super::session::State;
-use super::{LoadOptions, Model, Seq, Want};
+use super::{Model, Seq, Want};
 use crate::error::Error;
 use crate::kernels::Numerics;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-const NO: fn() -> bool = || false;
+use super::test_util::{ids, load_fixture, NO};
 
 fn load(name: &str, numerics: Numerics, threads: usize) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name);
-    let opts = LoadOptions {
-        threads: std::num::NonZeroUsize::new(threads),
-        numerics,
-        ..LoadOptions::default()
-    };
-    Model::load(&dir, &opts).expect("the fixture loads")
-}
-
-/// Deterministic ids in 2..vocab for sequence `seed`.
-fn ids(m: &Model, seed: u64, n: usize) -> Vec<u32> {
-    let v = m.cfg.vocab_size as u64 - 2;
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (2 + s % v) as u32
-        })
-        .collect()
+    load_fixture(name, numerics, Some(threads))
 }
 
 /// A state of `m` that has been fed `prefix`.

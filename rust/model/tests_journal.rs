@@ -7,37 +7,16 @@
 use super::generate::{Generation, Session};
 use super::sample::SampleParams;
 use super::session::State;
-use super::{LoadOptions, Model, Want};
+use super::{Model, Want};
 use crate::kernels::Numerics;
 use crate::speculate::oracle::Oracle;
 use crate::speculate::Drafter;
-use std::path::Path;
 use std::sync::Arc;
 
-const NO: fn() -> bool = || false;
+use super::test_util::{ids, load_fixture, NO};
 
 fn load(name: &str, numerics: Numerics) -> Arc<Model> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name);
-    let opts = LoadOptions {
-        numerics,
-        ..LoadOptions::default()
-    };
-    Arc::new(Model::load(&dir, &opts).expect("the fixture loads"))
-}
-
-fn ids(m: &Model, seed: u64, n: usize) -> Vec<u32> {
-    let v = m.cfg.vocab_size as u64 - 2;
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (2 + s % v) as u32
-        })
-        .collect()
+    Arc::new(load_fixture(name, numerics, None))
 }
 
 type StateBits = (Vec<u32>, Vec<Vec<u32>>);

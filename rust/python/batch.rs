@@ -7,6 +7,7 @@
 //! raises "busy").
 
 use super::model::PyModel;
+use super::session::lock;
 use super::{run_cancellable, to_py};
 use crate::error::Error;
 use crate::model::generate::{BatchFeed, Session as CoreSession};
@@ -16,7 +17,7 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// A sequence that `step_batch` feeds together with others: its state, and the logits after
 /// its last token.
@@ -25,12 +26,6 @@ pub struct PyBatchSession {
     s: Arc<Mutex<CoreSession>>,
     /// The session's model (its vocabulary checks the ids without taking the session).
     model: Arc<Model>,
-}
-
-const BUSY: &str = "this session is busy with another call (one call at a time per session)";
-
-fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
-    m.try_lock().map_err(|_| PyRuntimeError::new_err(BUSY))
 }
 
 #[pymethods]

@@ -63,7 +63,8 @@ struct PyStream {
 
 const BUSY: &str = "this session is busy with another call (one call at a time per session; use separate sessions for concurrency)";
 
-fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+/// A session's (or stream's) lock, refused rather than waited for: one call at a time.
+pub(super) fn lock<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
     m.try_lock().map_err(|_| PyRuntimeError::new_err(BUSY))
 }
 
