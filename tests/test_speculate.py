@@ -270,3 +270,22 @@ def test_a_requests_speculation_is_the_counters_difference():
     # nothing verified: nothing to report (the log line and the timings stay as they were)
     assert _spec_delta(before, dict(before, plain_steps=7)) is None
     assert _spec_delta({}, {}) is None
+
+
+@pytest.mark.parametrize("taken", [2, 3, 5])
+def test_stopping_a_stream_inside_a_verify_leaves_plain_decodings_session(taken):
+    """A caller that stops early (a stop string, a budget) and goes on with the session finds
+    it as plain decoding left it, although the verify sampled further."""
+    m = model_for("tiny-b")
+    truth = _plain(m, PROMPT, 30)
+    ref = m.session()
+    for _, _ in zip(range(taken), ref.stream(PROMPT, max_new_tokens=30, speculate="off")):
+        pass
+    s = m.session()
+    g = s._generation(PROMPT, max_new_tokens=30, _oracle=(truth, 1.0, 1), _force_drafts=6)
+    got = [next(g) for _ in range(taken)]
+    assert got == truth[:taken] and g.speculation()["verifies"] > 0
+    assert s.tokens == ref.tokens
+    more = ref.generate([4, 4], max_new_tokens=6, speculate="off")
+    assert s.generate([4, 4], max_new_tokens=6, speculate="off") == more
+    assert s.tokens == ref.tokens

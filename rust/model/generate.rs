@@ -17,6 +17,7 @@
 
 mod speculate;
 
+use speculate::Verified;
 pub use speculate::{drafter_for, Speculator};
 
 use super::sample::{SampleParams, Sampler};
@@ -26,6 +27,7 @@ use super::{Model, Seq, Want};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A sequence being fed and generated from. One call at a time (`&mut self`); the binding
@@ -40,6 +42,10 @@ pub struct Session {
     /// the state holds at least one token (a rollback restores them from the snapshot), so
     /// generation can always continue from where the session stands.
     last: Option<Vec<f32>>,
+    /// A speculative verify whose sampled tokens were not all handed out yet: the state holds
+    /// the whole pass (its journal open) until `settle` cuts it back to what was handed out,
+    /// so that whatever the caller does next sees plain decoding's state (docs/model.md §9).
+    verified: Option<Box<Verified>>,
 }
 
 /// One session's part of `Session::feed_batch`: the tokens it feeds after its pending one,
@@ -54,6 +60,8 @@ pub struct BatchFeed<'a> {
 /// parameters, the stop ids, and how many tokens it produced (the step index of the seed
 /// rule). Advance it with `Session::step`; it is independent of the session's other calls.
 pub struct Generation {
+    /// Unique among generations: a verify's tokens go out only to the generation that made it.
+    id: u64,
     /// Fed by the first step (with a pending token before it); `None` once fed.
     prompt: Option<Vec<u32>>,
     params: SampleParams,
@@ -118,7 +126,9 @@ impl Generation {
         stop_ids: Vec<u32>,
     ) -> Result<Generation> {
         params.check()?;
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         Ok(Generation {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
             prompt: Some(prompt),
             params,
             stop_ids,
@@ -186,7 +196,7 @@ impl Generation {
 
     /// Nothing is left to do: the prompt is fed and no further token will be sampled.
     pub fn finished(&self) -> bool {
-        self.stopped && self.prompt.is_none() && self.spec.as_ref().is_none_or(|s| s.is_empty())
+        self.stopped && self.prompt.is_none()
     }
 }
 
@@ -197,6 +207,7 @@ impl Session {
             model,
             pending: None,
             last: None,
+            verified: None,
         }
     }
 
@@ -204,23 +215,43 @@ impl Session {
         &self.model
     }
 
+    /// Tests: the state itself.
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> &State {
+        &self.st
+    }
+
+    /// Tokens fed and the pending token as plain decoding would have them: while a verify's
+    /// tokens are being handed out, its settled view.
+    fn visible(&self) -> (usize, Option<u32>) {
+        match &self.verified {
+            Some(v) => v.visible(),
+            None => (self.st.pos(), self.pending),
+        }
+    }
+
     /// Tokens in the sequence, including a sampled token not yet fed.
     pub fn position(&self) -> usize {
-        self.st.pos() + self.pending.is_some() as usize
+        let (fed, pending) = self.visible();
+        fed + pending.is_some() as usize
     }
 
     /// Token ids of the whole sequence, including a sampled token not yet fed.
     pub fn tokens(&self) -> Vec<u32> {
-        let mut t = Vec::with_capacity(self.position());
-        t.extend_from_slice(&self.st.tokens);
-        t.extend(self.pending);
+        let (fed, pending) = self.visible();
+        let mut t = Vec::with_capacity(fed + 1);
+        t.extend_from_slice(&self.st.tokens[..fed]);
+        t.extend(pending);
         t
     }
 
     /// Logits after the last fed token, when they are at hand (not while a sampled token
     /// waits to be fed, nor before anything was fed).
     pub fn last_logits(&self) -> Option<&[f32]> {
-        self.last.as_deref()
+        match self.verified {
+            Some(_) => None, // a token is pending
+            None => self.last.as_deref(),
+        }
     }
 
     /// Feeds the pending token (if any) and `ids` in one forward pass, keeping the logits
@@ -236,6 +267,7 @@ impl Session {
         cancel: &C,
         report: &(dyn Fn(u64) + Sync),
     ) -> Result<()> {
+        self.settle()?;
         let mut all = Vec::with_capacity(ids.len() + 1);
         all.extend(self.pending);
         all.extend_from_slice(ids);
@@ -268,6 +300,9 @@ impl Session {
             return Err(Error::arg(
                 "the sessions of a batch must belong to one model",
             ));
+        }
+        for i in items.iter_mut() {
+            i.session.settle()?;
         }
         let fed: Vec<Vec<u32>> = items
             .iter()
@@ -342,9 +377,9 @@ impl Session {
                 }));
             }
         }
-        // tokens a speculative verify sampled (already in the state) go out first
-        if let Some((tok, lp)) = g.spec.as_mut().and_then(|s| s.pop()) {
-            g.last_logprobs = lp;
+        // tokens a speculative verify of this generation sampled go out first; another
+        // generation's are settled
+        if let Some(tok) = self.hand_out(g)? {
             return Ok(Some(tok));
         }
         if g.stopped {
@@ -444,6 +479,7 @@ impl Session {
     /// Returns to `snap` (taken on a session of the same model whose tokens are a prefix of
     /// this one's). On error the session is unchanged.
     pub fn rollback(&mut self, snap: &Snapshot) -> Result<()> {
+        self.settle()?;
         // a pending token lies after every snapshot position (snapshots feed it): dropped
         self.st.rollback(snap)?;
         self.pending = None;
@@ -458,12 +494,13 @@ impl Session {
     /// `rollback`). `metadata` is stored as is (a JSON value the caller reads back).
     /// Returns the file's size in bytes.
     pub fn save<C: Fn() -> bool + Sync>(
-        &self,
+        &mut self,
         path: &Path,
         at: Option<&Snapshot>,
         metadata: Option<&serde_json::Value>,
         cancel: &C,
     ) -> Result<u64> {
+        self.settle()?;
         let (view, pending, last) = match at {
             None => (self.st.view(), self.pending, self.last.as_deref()),
             Some(s) => (self.st.view_at(s)?, None, s.logits.as_deref()),
@@ -491,6 +528,7 @@ impl Session {
             st: f.state,
             pending: f.pending,
             last: f.last,
+            verified: None,
         };
         Ok((s, f.metadata))
     }
@@ -500,6 +538,7 @@ impl Session {
         self.st = self.model.new_state();
         self.pending = None;
         self.last = None;
+        self.verified = None;
     }
 }
 

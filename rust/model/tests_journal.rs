@@ -173,3 +173,65 @@ fn a_stop_id_inside_accepted_drafts_ends_the_generation_there() {
     assert_eq!(s.tokens(), s0.tokens());
     assert!(g.finished());
 }
+
+#[test]
+fn a_caller_stopping_inside_a_verify_finds_plain_decodings_state() {
+    // a verify samples several tokens at once; a caller that takes fewer (a stop string, a
+    // budget) and goes on with the session must find it as plain decoding left it
+    for name in ["tiny-a", "tiny-b"] {
+        let m = load(name, Numerics::Exact);
+        let prompt = ids(&m, 5, 9);
+        let p = params(0.9, 4);
+        let (want, _) = plain(&m, &prompt, 24, p.clone());
+        let vocab = m.cfg.vocab_size as u32;
+        for taken in [2, 3, 4, 6, 9] {
+            for next in ["generate", "feed", "snapshot"] {
+                let what = format!("{name} taken={taken} then {next}");
+                let mut s0 = Session::new(m.clone());
+                let mut g0 = Generation::new(prompt.clone(), 24, p.clone(), vec![]).unwrap();
+                let mut s = Session::new(m.clone());
+                let o = Oracle::new(prompt.len(), want.clone(), 1.0, 1, vocab);
+                let mut g = Generation::new(prompt.clone(), 24, p.clone(), vec![])
+                    .unwrap()
+                    .with_speculation(Drafter::Oracle(o))
+                    .forcing_drafts(6);
+                for _ in 0..taken {
+                    let a = s0.step(&mut g0, &NO).unwrap();
+                    let b = s.step(&mut g, &NO).unwrap();
+                    assert_eq!(a, b, "{what}");
+                }
+                assert!(g.speculation().unwrap().stats().verifies > 0, "{what}");
+                assert_eq!(s.position(), s0.position(), "{what}");
+                assert_eq!(s.tokens(), s0.tokens(), "{what}");
+                assert_eq!(s.last_logits().is_some(), s0.last_logits().is_some());
+                let extra = ids(&m, 77, 3);
+                match next {
+                    "generate" => {
+                        let mut g1 = Generation::new(extra.clone(), 6, p.clone(), vec![]).unwrap();
+                        let mut g2 = Generation::new(extra.clone(), 6, p.clone(), vec![]).unwrap();
+                        let a = s0.generate(&mut g1, &NO).unwrap();
+                        assert_eq!(s.generate(&mut g2, &NO).unwrap(), a, "{what}");
+                    }
+                    "feed" => {
+                        s0.feed(&extra, &NO).unwrap();
+                        s.feed(&extra, &NO).unwrap();
+                    }
+                    _ => {
+                        let a = s0.snapshot(&NO).unwrap();
+                        let b = s.snapshot(&NO).unwrap();
+                        assert_eq!(a.tokens, b.tokens, "{what}");
+                    }
+                }
+                assert_eq!(s.tokens(), s0.tokens(), "{what}");
+                s0.feed(&[], &NO).unwrap();
+                s.feed(&[], &NO).unwrap();
+                let (x, y) = (s.last_logits().unwrap(), s0.last_logits().unwrap());
+                assert!(
+                    x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}"
+                );
+                assert_eq!(bits(s.state()), bits(s0.state()), "{what}");
+            }
+        }
+    }
+}

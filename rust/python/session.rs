@@ -227,8 +227,8 @@ impl PySession {
                     PyValueError::new_err(format!("metadata must be JSON text: {e}"))
                 })?),
             };
-        let guard = lock(&self.s)?;
-        let s: &CoreSession = &guard;
+        let mut guard = lock(&self.s)?;
+        let s: &mut CoreSession = &mut guard;
         let at = snapshot.map(|p| &p.snap);
         run_cancellable(py, |c| {
             s.save(&path, at, meta.as_ref(), &|| c.load(Ordering::Relaxed))

@@ -4,24 +4,28 @@
 //! first sample that differs (or the one after the last draft) is the new pending token; the
 //! state is cut back to what was right (`Model::cut_back`, no recomputation). The tokens are
 //! the ones plain generation gives, for every sampling setting: a wrong draft costs time only.
+//!
+//! The caller is handed one token per step. Until the last of a verify's tokens is handed
+//! out, the state holds the whole pass with its journal open (`Verified`); whatever comes
+//! next — the next step, or any other call on the session (feed, snapshot, save, another
+//! generation) — first `settle`s it: the state is cut back to the tokens handed out, so a
+//! caller that stops early (a stop string, a budget, a cancel) finds plain decoding's state.
 
 use super::{Generation, Session, TokenLogprobs};
 use crate::error::{Error, Result};
 use crate::model::sample::Sampler;
+use crate::model::session::Snapshot;
 use crate::model::Want;
 use crate::speculate::cost::{CostModel, K_MAX};
 use crate::speculate::lookup::PromptLookup;
 use crate::speculate::{Drafter, Mode, SpecStats};
-use std::collections::VecDeque;
 use std::time::Instant;
 
 /// A generation's speculation: its drafter, the cost model that decides how many drafts a
-/// step verifies, the tokens a verify produced that were not handed out yet, and counters.
+/// step verifies, and counters.
 pub struct Speculator {
     drafter: Drafter,
     cost: CostModel,
-    /// Sampled by a verify, in the state already, handed out one per `step`.
-    queue: VecDeque<(u32, Option<TokenLogprobs>)>,
     stats: SpecStats,
     /// Tests: verify this many drafts (or all there are) at every step, whatever the cost.
     pub(super) force_k: Option<usize>,
@@ -32,7 +36,6 @@ impl Speculator {
         Speculator {
             drafter,
             cost: CostModel::new(),
-            queue: VecDeque::new(),
             stats: SpecStats::default(),
             force_k: None,
         }
@@ -46,13 +49,81 @@ impl Speculator {
     pub fn acceptance(&self) -> f64 {
         self.cost.acceptance()
     }
+}
 
-    pub(super) fn pop(&mut self) -> Option<(u32, Option<TokenLogprobs>)> {
-        self.queue.pop_front()
+/// A verify whose sampled tokens are being handed out (`Session::verified`).
+pub(crate) struct Verified {
+    /// The generation that made it (`Generation::id`).
+    generation: u64,
+    /// The state before the pass (its journal open since).
+    before: Snapshot,
+    /// The token pending before the pass (its first fed token).
+    pending_before: u32,
+    /// Each sampled token, its log-probabilities when asked for, and whether the generation
+    /// stops with it. `out[i]` for i < len - 1 equals the i-th draft (fed by the pass).
+    out: Vec<(u32, Option<TokenLogprobs>, bool)>,
+    /// How many of `out` the caller was handed (at least the first).
+    handed: usize,
+}
+
+impl Verified {
+    /// The tokens fed and the pending token as plain decoding has them after the handed-out
+    /// tokens: the pass's first `handed` fed tokens, then the last one handed out.
+    pub(super) fn visible(&self) -> (usize, Option<u32>) {
+        let h = self.handed.clamp(1, self.out.len());
+        (self.before.pos() + h, Some(self.out[h - 1].0))
+    }
+}
+
+impl Session {
+    /// Cuts a verify's pass back to the tokens handed out (`Verified`), closing its journal;
+    /// nothing to do without one.
+    pub(super) fn settle(&mut self) -> Result<()> {
+        let Some(v) = self.verified.take() else {
+            return Ok(());
+        };
+        let (keep, pending) = v.visible();
+        let keep = keep - v.before.pos();
+        let fed = self.st.pos() - v.before.pos();
+        let cut = if keep == fed {
+            self.st.journal_end();
+            Ok(())
+        } else {
+            self.model.cut_back(&mut self.st, &v.before, keep)
+        };
+        if let Err(e) = cut {
+            // cannot happen by construction; stay consistent: back to before the pass
+            self.st.journal_end();
+            self.st.rollback(&v.before)?;
+            self.pending = Some(v.pending_before);
+            self.last = None;
+            return Err(e);
+        }
+        self.pending = pending;
+        self.last = None;
+        Ok(())
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+    /// The next token of `g`'s verify, if one waits; a verify of another generation is
+    /// settled first.
+    pub(super) fn hand_out(&mut self, g: &mut Generation) -> Result<Option<u32>> {
+        let Some(v) = self.verified.as_mut() else {
+            return Ok(None);
+        };
+        if v.generation != g.id || v.handed >= v.out.len() {
+            self.settle()?;
+            return Ok(None);
+        }
+        let (tok, lp, stopped) = v.out[v.handed].clone();
+        v.handed += 1;
+        let last = v.handed == v.out.len();
+        g.produced += 1;
+        g.stopped = stopped;
+        g.last_logprobs = lp;
+        if last {
+            self.settle()?;
+        }
+        Ok(Some(tok))
     }
 }
 
@@ -126,18 +197,17 @@ impl Session {
         };
         let v = self.model.cfg.vocab_size;
         // sample each position as plain step `produced + i` would
-        let mut out: Vec<(u32, Option<TokenLogprobs>)> = Vec::with_capacity(k + 1);
-        let mut stopped = false;
+        let mut out: Vec<(u32, Option<TokenLogprobs>, bool)> = Vec::with_capacity(k + 1);
         for i in 0..=k {
             let logits = &rows[i * v..(i + 1) * v];
             let mut p = g.params.clone();
             p.seed = g.params.seed.wrapping_add((g.produced + i) as u64);
             let tok = Sampler::new(p).pick_allowed(logits, None);
             let lp = g.logprobs.map(|top| TokenLogprobs::of(logits, tok, top));
-            out.push((tok, lp));
             let produced = g.produced + i + 1;
-            stopped =
+            let stopped =
                 g.stop_ids.contains(&tok) || produced >= g.max_new || pos + i + 1 >= self.model.ctx;
+            out.push((tok, lp, stopped));
             if stopped || i == k || tok != drafts[i] {
                 break;
             }
@@ -146,16 +216,6 @@ impl Session {
                            // drafts judged (a stop may end the verify before the others) and the right ones
         let judged = a.min(k);
         let matched = (0..judged).take_while(|&i| out[i].0 == drafts[i]).count();
-        if a < k + 1 {
-            if let Err(e) = self.model.cut_back(&mut self.st, &before, a) {
-                // cannot happen by construction; stay correct: back to before the pass
-                self.st.journal_end();
-                self.st.rollback(&before)?;
-                return Err(e);
-            }
-        } else {
-            self.st.journal_end();
-        }
         let secs = t0.elapsed().as_secs_f64();
         spec.cost.observe_pass(k + 1, secs);
         spec.cost.observe_verify(judged, matched);
@@ -170,16 +230,17 @@ impl Session {
         }
         spec.stats.add(&step);
         self.model.counters.add_speculation(&step);
-        let (last, _) = out[a - 1].clone();
-        self.pending = Some(last);
+        // the state keeps the whole pass until the tokens are handed out (`settle`)
+        self.pending = None;
         self.last = None;
-        g.produced += a;
-        g.stopped = stopped;
-        let mut it = out.into_iter();
-        let (first, first_lp) = it.next().unwrap_or((last, None));
-        spec.queue.extend(it);
-        g.last_logprobs = first_lp;
-        Ok(Some(first))
+        self.verified = Some(Box::new(Verified {
+            generation: g.id,
+            before,
+            pending_before: pending,
+            out,
+            handed: 0,
+        }));
+        self.hand_out(g)
     }
 }
 

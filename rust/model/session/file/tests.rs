@@ -73,7 +73,7 @@ fn same_future(a: &mut Session, b: &mut Session) {
     assert!(a.last_logits().is_some());
 }
 
-fn round_trip(s: &Session, at: Option<&crate::model::session::Snapshot>) -> Session {
+fn round_trip(s: &mut Session, at: Option<&crate::model::session::Snapshot>) -> Session {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("s.v4session");
     let meta = json!({"note": "hi", "n": [1, 2]});
@@ -96,13 +96,13 @@ fn a_restored_session_continues_bit_for_bit() {
             // after a prefill
             let mut a = Session::new(m.clone());
             a.feed(&prompt, &NO).unwrap();
-            let mut b = round_trip(&a, None);
+            let mut b = round_trip(&mut a, None);
             same_future(&mut a, &mut b);
             // after a generation: a sampled token waits to be fed
             let mut a = Session::new(m.clone());
             a.generate(&mut gen(&prompt, 4, 9), &NO).unwrap();
             assert!(a.last_logits().is_none());
-            let mut b = round_trip(&a, None);
+            let mut b = round_trip(&mut a, None);
             same_future(&mut a, &mut b);
             // after a rollback
             let mut a = Session::new(m.clone());
@@ -110,7 +110,7 @@ fn a_restored_session_continues_bit_for_bit() {
             let snap = a.snapshot(&NO).unwrap();
             a.generate(&mut gen(&[], 9, 2), &NO).unwrap();
             a.rollback(&snap).unwrap();
-            let mut b = round_trip(&a, None);
+            let mut b = round_trip(&mut a, None);
             same_future(&mut a, &mut b);
         }
     }
@@ -123,7 +123,7 @@ fn a_snapshot_saves_the_state_it_had() {
     a.generate(&mut gen(&ids(&m, 13, 2), 3, 4), &NO).unwrap();
     let snap = a.snapshot(&NO).unwrap();
     a.generate(&mut gen(&ids(&m, 22, 3), 5, 4), &NO).unwrap();
-    let mut b = round_trip(&a, Some(&snap));
+    let mut b = round_trip(&mut a, Some(&snap));
     assert_eq!(b.position(), snap.pos());
     a.rollback(&snap).unwrap();
     same_future(&mut a, &mut b);
@@ -142,8 +142,8 @@ fn a_snapshot_saves_the_state_it_had() {
 #[test]
 fn an_empty_session_round_trips() {
     let m = tiny("tiny-b");
-    let a = Session::new(m.clone());
-    let mut b = round_trip(&a, None);
+    let mut a = Session::new(m.clone());
+    let mut b = round_trip(&mut a, None);
     assert_eq!((b.position(), b.last_logits()), (0, None));
     let mut fresh = Session::new(m.clone());
     same_future(&mut fresh, &mut b);
@@ -362,7 +362,7 @@ fn a_file_of_another_model_or_mode_is_refused_naming_what_differs() {
 #[test]
 fn save_refuses_paths_it_cannot_write() {
     let m = tiny("tiny-a");
-    let s = Session::new(m);
+    let mut s = Session::new(m);
     let d = tempfile::tempdir().unwrap();
     let e = s.save(d.path(), None, None, &NO).unwrap_err().to_string();
     assert!(e.contains("is a directory"), "{e}");
