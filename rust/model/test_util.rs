@@ -1,6 +1,7 @@
 //! What the model's test files share: a fixture loaded in a numerics mode, and deterministic
 //! token ids.
 
+use super::session::State;
 use super::{LoadOptions, Model};
 use crate::kernels::Numerics;
 use std::path::Path;
@@ -33,4 +34,20 @@ pub fn ids(m: &Model, seed: u64, n: usize) -> Vec<u32> {
             (2 + s % v) as u32
         })
         .collect()
+}
+
+/// A state's tokens, and every f32 of it (windows, compressor and indexer buffers and
+/// entries) as bits.
+pub type StateBits = (Vec<u32>, Vec<Vec<u32>>);
+
+/// `StateBits` of `st`.
+pub fn bits(st: &State) -> StateBits {
+    let v = st.view();
+    let arrays = v
+        .layers
+        .iter()
+        .flat_map(|l| l.arrays())
+        .map(|a| a.iter().map(|x| x.to_bits()).collect())
+        .collect();
+    (v.tokens.to_vec(), arrays)
 }

@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::kernels::Numerics;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::test_util::{ids, load_fixture, NO};
+use super::test_util::{bits, ids, load_fixture, StateBits, NO};
 
 fn load(name: &str, numerics: Numerics, threads: usize) -> Model {
     load_fixture(name, numerics, Some(threads))
@@ -24,26 +24,11 @@ fn state(m: &Model, prefix: &[u32]) -> State {
     st
 }
 
-/// Every f32 of a state (windows, compressor and indexer buffers and entries) as bits, and
-/// its tokens.
-fn bits(st: &State) -> StateBits {
-    let v = st.view();
-    let arrays = v
-        .layers
-        .iter()
-        .flat_map(|l| l.arrays())
-        .map(|a| a.iter().map(|x| x.to_bits()).collect())
-        .collect();
-    (v.tokens.to_vec(), arrays)
-}
-
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// A state's tokens and every f32 of it as bits (`bits`).
-type StateBits = (Vec<u32>, Vec<Vec<u32>>);
-
 /// A sequence's logits and state after a call.
 type Outcome = (Vec<f32>, StateBits);
 

@@ -6,30 +6,16 @@
 
 use super::generate::{Generation, Session};
 use super::sample::SampleParams;
-use super::session::State;
 use super::{Model, Want};
 use crate::kernels::Numerics;
 use crate::speculate::oracle::Oracle;
 use crate::speculate::Drafter;
 use std::sync::Arc;
 
-use super::test_util::{ids, load_fixture, NO};
+use super::test_util::{bits, ids, load_fixture, NO};
 
 fn load(name: &str, numerics: Numerics) -> Arc<Model> {
     Arc::new(load_fixture(name, numerics, None))
-}
-
-type StateBits = (Vec<u32>, Vec<Vec<u32>>);
-
-fn bits(st: &State) -> StateBits {
-    let v = st.view();
-    let arrays = v
-        .layers
-        .iter()
-        .flat_map(|l| l.arrays())
-        .map(|a| a.iter().map(|x| x.to_bits()).collect())
-        .collect();
-    (v.tokens.to_vec(), arrays)
 }
 
 #[test]
