@@ -84,4 +84,28 @@ impl Error {
             source,
         }
     }
+
+    /// The same error again (for each caller of a batched pass that failed): every variant
+    /// kept, an OS error as its kind and message.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::NotFound { path, detail } => Error::NotFound {
+                path: path.clone(),
+                detail: detail.clone(),
+            },
+            Error::Io { path, what, source } => Error::Io {
+                path: path.clone(),
+                what: what.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::Read(m) => Error::Read(m.clone()),
+            Error::Checkpoint { file, msg } => Error::checkpoint(file.clone(), msg.clone()),
+            Error::Config(m) => Error::Config(m.clone()),
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::UnknownOption(m) => Error::UnknownOption(m.clone()),
+            Error::Memory(m) => Error::Memory(m.clone()),
+            Error::Cancelled => Error::Cancelled,
+            Error::System(m) => Error::System(m.clone()),
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub mod probe;
 #[cfg(feature = "python")]
 mod python;
 pub mod report;
+pub mod schedule;
 pub mod scratch;
 pub mod speculate;
 pub mod store;

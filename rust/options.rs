@@ -27,6 +27,10 @@ pub struct LoadOptions {
     /// Sessions the memory plan holds state for at `ctx` (a server's sequences stepped
     /// together); 1 by default.
     pub sessions: NonZeroUsize,
+    /// Prompt tokens the scheduler feeds per round when sessions are stepped together
+    /// (`schedule::default_round_prefill` when None): smaller lets a new request in sooner
+    /// behind a long prompt, larger feeds long prompts faster when experts stream.
+    pub round_prefill: Option<NonZeroUsize>,
     /// How activations meet the weights (`kernels::Numerics`).
     pub numerics: Numerics,
     /// The per-model switches (`lookahead`, `prefault`, `io_uring`; `Tuning::from_env` by
@@ -50,6 +54,7 @@ impl Default for LoadOptions {
             expert_cache_bytes: None,
             ctx: None,
             sessions: NonZeroUsize::MIN,
+            round_prefill: None,
             numerics: Numerics::Exact,
             tuning: Tuning::from_env(),
             drafter: false,
@@ -63,12 +68,13 @@ const MAX_RAM_GB: f64 = (1u64 << 20) as f64;
 
 impl LoadOptions {
     /// The options `set` takes, in the order the docs list them.
-    pub const NAMES: [&'static str; 14] = [
+    pub const NAMES: [&'static str; 15] = [
         "ram_gb",
         "threads",
         "expert_cache_mb",
         "ctx",
         "sessions",
+        "round_prefill",
         "io",
         "cache_policy",
         "io_threads",
@@ -83,7 +89,7 @@ impl LoadOptions {
     /// Sets option `name` from `v` (an absent value keeps the default):
     /// - `ram_gb`: the budget for the whole process, in GB of 10^9 bytes (> 0, at most a
     ///   petabyte);
-    /// - `threads`, `io_threads`, `ctx`, `sessions`: integers >= 1;
+    /// - `threads`, `io_threads`, `ctx`, `sessions`, `round_prefill`: integers >= 1;
     /// - `expert_cache_mb`: the expert cache in MiB (> 0; at least one expert);
     /// - `io`: `direct`, `buffered` or `mmap`; `cache_policy`: `freq-decay` or `lru`;
     ///   `numerics`: one of `Numerics::ALL`;
@@ -119,6 +125,7 @@ impl LoadOptions {
             "threads" => self.threads = nonzero(v, name)?.or(self.threads),
             "ctx" => self.ctx = nonzero(v, name)?.or(self.ctx),
             "sessions" => self.sessions = nonzero(v, name)?.unwrap_or(self.sessions),
+            "round_prefill" => self.round_prefill = nonzero(v, name)?.or(self.round_prefill),
             "io_threads" => self.io_threads = nonzero(v, name)?.unwrap_or(self.io_threads),
             "io" => {
                 let expected = "direct, buffered or mmap";

@@ -18,6 +18,9 @@ pub const DEFAULT_CTX: usize = 65536;
 pub const OVERHEAD_BYTES: u64 = 400 << 20;
 /// Tokens per prefill chunk (bounds the scratch buffers).
 pub const PREFILL_CHUNK_MIN: usize = 256;
+/// The most sessions `Plan::parallel` proposes (beyond 4, one more sequence per pass adds
+/// little on a CPU: benches/README.md, "Many conversations").
+pub const PARALLEL_DEFAULT_MAX: usize = 4;
 /// The largest prefill chunk: the tokens whose attention runs in one pass, and what the
 /// scratch buffers are sized for. Activations cost about 1 MB per token of chunk for V4 Flash
 /// (next to 13 MB per expert), so the plan sizes the chunk from the budget: the largest power
@@ -63,6 +66,12 @@ pub struct Plan {
     /// prefill chunk that run (each session beyond `sessions` takes its state from the
     /// expert cache).
     pub max_sessions: usize,
+    /// The sessions a server runs side by side when not told (`serve --parallel`): all of
+    /// `PARALLEL_DEFAULT_MAX` when every routed expert fits in the cache, else as many as
+    /// can take their state from a quarter of the cache (each one more session is one more
+    /// sequence per pass, but its state would evict experts every sequence needs); at least
+    /// 1, at most `max_sessions`.
+    pub parallel: usize,
     pub scratch_bytes: u64,
     /// Tokens per prefill chunk (what `scratch_bytes` is sized for).
     pub prefill_chunk: usize,
@@ -427,6 +436,17 @@ pub fn plan(
     if slots == 0 {
         slots = min_slots.min(total_experts).max(1);
     }
+    // What a server runs side by side by default (`Plan::parallel`)
+    let cache = (slots as u64).saturating_mul(slot_bytes);
+    let parallel = if slots >= total_experts {
+        PARALLEL_DEFAULT_MAX
+    } else {
+        let extra = cache / 4 / per_session.max(1);
+        1 + usize::try_from(extra)
+            .unwrap_or(usize::MAX)
+            .min(PARALLEL_DEFAULT_MAX - 1)
+    }
+    .min(max_sessions.max(1));
     // the whole plan's sum must be representable too (no budget: nothing above bounded it)
     (slots as u64)
         .checked_mul(slot_bytes)
@@ -444,6 +464,7 @@ pub fn plan(
         state_bytes: state,
         sessions,
         max_sessions,
+        parallel,
         scratch_bytes: scratch,
         prefill_chunk: chunk,
         prefill_span: span,

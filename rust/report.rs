@@ -117,6 +117,9 @@ pub struct Stats {
     /// Speculative decoding: verifies, drafted and accepted tokens, plain steps taken while a
     /// drafter was on, seconds saved (negative: lost).
     pub speculation: crate::speculate::SpecStats,
+    /// Continuous batching (`crate::schedule`), when the model was loaded for several
+    /// sessions: rounds, requests stepped, the widest round, prompt tokens fed in parts.
+    pub batching: Option<crate::schedule::Stats>,
 }
 
 impl Stats {
@@ -167,6 +170,7 @@ impl Stats {
             threads: m.threads,
             tuning: TuningReport::of(&m.tuning),
             speculation: c.speculation(),
+            batching: m.scheduler().map(|s| s.stats()),
         }
     }
 }

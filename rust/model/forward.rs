@@ -170,7 +170,7 @@ impl Model {
 
     /// Whether `ids` may be fed to `st`: ids in the vocabulary, within the context, a state
     /// of this model.
-    fn check_seq(&self, st: &State, ids: &[u32]) -> Result<()> {
+    pub(crate) fn check_seq(&self, st: &State, ids: &[u32]) -> Result<()> {
         self.check_ids(ids)?;
         if st.pos() + ids.len() > self.ctx {
             return Err(Error::arg(format!(

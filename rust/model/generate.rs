@@ -16,9 +16,11 @@
 //!   constraint belongs to the generation, never to the session (docs/architecture.md §7.2).
 
 mod speculate;
+mod together;
 
 use speculate::Verified;
 pub use speculate::{drafter_for, Speculator};
+pub use together::{Mark, Stepped, Turn};
 
 use super::sample::{SampleParams, Sampler};
 use super::session::file as session_file;
@@ -416,13 +418,20 @@ impl Session {
             }
         };
         g.prompt = None;
+        self.sample(g, mask.as_ref()).map(Some)
+    }
+
+    /// Samples `g`'s next token from the logits after the last fed token (`last`, taken),
+    /// among what `mask` allows, with `seed + step index`; the token becomes pending and
+    /// advances `g` (its constraint, logprobs, count and stop). On error the logits stay.
+    fn sample(&mut self, g: &mut Generation, mask: Option<&toktrie::SimpleVob>) -> Result<u32> {
         let logits = self
             .last
             .take()
             .ok_or_else(|| Error::arg("internal: the session has no logits to sample from"))?;
         let mut p = g.params.clone();
         p.seed = g.params.seed.wrapping_add(g.produced as u64);
-        let mut tok = Sampler::new(p).pick_allowed(&logits, mask.as_ref());
+        let mut tok = Sampler::new(p).pick_allowed(&logits, mask);
         if let Some(c) = g.constraint.as_mut() {
             tok = c.replace(tok);
             if let Err(e) = c.commit(tok) {
@@ -439,7 +448,7 @@ impl Session {
         // fed, so the generation stops and returns it
         g.stopped =
             g.stop_ids.contains(&tok) || g.produced >= g.max_new || self.st.pos() >= self.model.ctx;
-        Ok(Some(tok))
+        Ok(tok)
     }
 
     /// Runs `g` to its end, calling `on_token` with each token as soon as it is sampled;

@@ -118,6 +118,10 @@ pub struct Model {
     pub drafter: Option<dspark::DSpark>,
     /// Speculative decoding unless a generation asks otherwise (`LoadOptions::speculate`).
     pub speculate: crate::speculate::Mode,
+    /// Steps its sessions together when it is loaded for several (`scheduler`), feeding
+    /// `round_prefill` prompt tokens per round (`LoadOptions::round_prefill`).
+    scheduler: std::sync::OnceLock<crate::schedule::Scheduler>,
+    round_prefill: Option<usize>,
 }
 
 /// Source of `Model::id`.
@@ -222,6 +226,8 @@ impl Model {
             id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
             drafter,
             speculate: opts.speculate,
+            scheduler: std::sync::OnceLock::new(),
+            round_prefill: opts.round_prefill.map(|n| n.get()),
         })
     }
 
@@ -254,6 +260,20 @@ impl Model {
             )));
         }
         Ok(())
+    }
+
+    /// The scheduler that steps this model's sessions together (`crate::schedule`) when it
+    /// was loaded for several sessions (`LoadOptions::sessions` > 1); None for one.
+    pub fn scheduler(&self) -> Option<&crate::schedule::Scheduler> {
+        (self.plan.sessions > 1).then(|| {
+            self.scheduler
+                .get_or_init(|| {
+                    let n = self
+                        .round_prefill
+                        .unwrap_or_else(|| crate::schedule::default_round_prefill(&self.plan));
+                    crate::schedule::Scheduler::new(n)
+                })
+        })
     }
 
     /// A caller's token ids, checked against the vocabulary (`check_ids`), as the model's.

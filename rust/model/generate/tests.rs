@@ -336,3 +336,101 @@ fn zero_new_tokens_feeds_the_prompt_only() {
     };
     assert!(Generation::new(vec![0], 1, bad, vec![]).is_err());
 }
+
+/// `step_together`: generations at mixed points (long prompts fed in parts of every size,
+/// decoding ones, a stopped one, an error of one's own) each get, step after step, the
+/// tokens, logprobs and state of stepping alone.
+#[test]
+fn stepping_together_equals_stepping_alone() {
+    let m = model();
+    let prompts: Vec<Vec<u32>> = [(1, 9), (2, 40), (3, 3), (4, 23)]
+        .iter()
+        .map(|&(s, n)| crate::model::test_util::ids(&m, s, n))
+        .collect();
+    let mk = |i: usize| {
+        let p = params([0.0, 0.8, 1.0, 0.7][i], 30 + i as u64);
+        gen(&prompts[i], [12, 9, 15, 6][i], p, &[]).with_logprobs(2)
+    };
+    // alone
+    let mut want = Vec::new();
+    for i in 0..4 {
+        let mut s = Session::new(m.clone());
+        let mut g = mk(i);
+        let mut out = Vec::new();
+        while let Some(t) = s.step(&mut g, &NO).unwrap() {
+            out.push((t, g.last_logprobs().cloned()));
+        }
+        want.push((out, crate::model::test_util::bits(s.state())));
+    }
+    // together, prompts fed in parts of 1, 7, 2 and 5 tokens
+    let mut ss: Vec<Session> = (0..4).map(|_| Session::new(m.clone())).collect();
+    let mut gs: Vec<Generation> = (0..4).map(mk).collect();
+    let parts = [1, 7, 2, 5];
+    let mut got: Vec<Vec<(u32, Option<TokenLogprobs>)>> = vec![Vec::new(); 4];
+    let mut done = [false; 4];
+    let mut fed = [0usize; 4];
+    while !done.iter().all(|&d| d) {
+        let mut turns: Vec<Turn> = ss
+            .iter_mut()
+            .zip(gs.iter_mut())
+            .zip(parts)
+            .zip(done)
+            .filter(|(_, d)| !d)
+            .map(|(((s, g), prefill), _)| Turn {
+                session: s,
+                gen: g,
+                prefill,
+            })
+            .collect();
+        let idx: Vec<usize> = (0..4).filter(|&i| !done[i]).collect();
+        let outs = Session::step_together(&mut turns, &NO);
+        drop(turns);
+        for (i, o) in idx.into_iter().zip(outs) {
+            match o.unwrap() {
+                Stepped::Fed(n) => {
+                    assert!(n <= parts[i]);
+                    fed[i] += n;
+                }
+                Stepped::Token(t) => got[i].push((t, gs[i].last_logprobs().cloned())),
+                Stepped::Done => done[i] = true,
+            }
+        }
+    }
+    for i in 0..4 {
+        assert_eq!(got[i], want[i].0, "generation {i}");
+        assert!(
+            crate::model::test_util::bits(ss[i].state()) == want[i].1,
+            "state {i}"
+        );
+        // parts of the prompt, then its last part with the first token
+        let last = prompts[i].len() - fed[i];
+        assert!(
+            (1..=parts[i]).contains(&last),
+            "generation {i}: {last} fed with the first token"
+        );
+    }
+    // a prompt beyond the context fails alone, its session and generation unchanged
+    let small = load(Some(32));
+    let mut a = Session::new(small.clone());
+    let mut b = Session::new(small.clone());
+    let mut ga = gen(&prompts[0], 4, params(0.0, 1), &[]);
+    let mut gb = gen(&prompts[1], 4, params(0.0, 1), &[]);
+    let mut turns = vec![
+        Turn {
+            session: &mut a,
+            gen: &mut ga,
+            prefill: 64,
+        },
+        Turn {
+            session: &mut b,
+            gen: &mut gb,
+            prefill: 64,
+        },
+    ];
+    let outs = Session::step_together(&mut turns, &NO);
+    drop(turns);
+    assert!(matches!(outs[0], Ok(Stepped::Token(_))));
+    let e = outs[1].as_ref().unwrap_err().to_string();
+    assert!(e.contains("context of 32 tokens"), "{e}");
+    assert_eq!((b.position(), gb.prompt_left()), (0, 40));
+}
