@@ -39,8 +39,12 @@ def _ids(ids: IdsLike, name: str = "ids", allow_empty: bool = False) -> List[int
 
 
 def _tokens(stream: Any) -> Iterator[int]:
-    # a generator over the core's stream (checked already): one core step per next()
-    yield from stream
+    # a generator over the core's stream (checked already): one core step per next(); closed
+    # with it (a model that steps its sessions together stops waiting for this one)
+    try:
+        yield from stream
+    finally:
+        stream.close()
 
 
 class Session:
@@ -100,9 +104,12 @@ class Session:
         under the model (log-softmax of the raw logits, before temperature and truncation)
         and the ``top_logprobs`` most likely tokens' ``[(id, logprob)]``."""
         g = self._generation(*args, logprobs=top_logprobs, **kw)
-        for t in g:
-            lp, top = g.logprobs()
-            yield t, lp, top
+        try:
+            for t in g:
+                lp, top = g.logprobs()
+                yield t, lp, top
+        finally:
+            g.close()
 
     def _generation(
         self,
@@ -332,8 +339,16 @@ def load(
     - ``expert_cache_mb``: sizes the routed-expert cache directly;
     - ``ctx``: the tokens per session (default: the smaller of the model's maximum and
       65,536);
-    - ``sessions``: how many sessions the plan holds state for at ``ctx`` (default 1; what a
-      server steps together; ``plan()["max_sessions"]`` says how many the budget could hold);
+    - ``sessions``: how many sessions the plan holds state for at ``ctx`` (default 1;
+      ``plan()["max_sessions"]`` says how many the budget could hold, ``plan()["parallel"]``
+      what a server would run). With more than one, the steps and feeds that threads ask of
+      this model's sessions at the same time run together, one forward pass per round
+      (continuous batching: ``chat``, ``complete``, ``generate`` and ``stream`` called from
+      several threads get it as they are; each gets exactly what it gets alone);
+    - ``round_prefill``: with several sessions, the prompt tokens fed per round, shared by
+      the prompts waiting (default 256 when every routed expert fits in the cache, else the
+      plan's ``prefill_span``, which feeds a long prompt as fast as alone): a new request
+      starts within about one round of a long prompt being fed;
     - ``io``: ``direct`` (O_DIRECT/F_NOCACHE where the OS allows it, else buffered, the
       default), ``buffered`` (the portable pread path) or ``mmap``; ``io_threads``: the pread
       pool's threads (default 8);

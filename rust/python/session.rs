@@ -12,6 +12,7 @@ use crate::model::generate::{drafter_for, Generation, Session as CoreSession};
 use crate::model::sample::SampleParams;
 use crate::model::session::Snapshot as CoreSnapshot;
 use crate::model::Model;
+use crate::schedule::Registration;
 use crate::speculate::oracle::Oracle;
 use crate::speculate::{Drafter, Mode};
 use numpy::PyArray1;
@@ -58,7 +59,45 @@ impl PySnapshot {
 #[pyclass(frozen, name = "Stream", module = "v4flash._core")]
 struct PyStream {
     s: Arc<Mutex<CoreSession>>,
-    g: Mutex<Generation>,
+    g: Arc<Mutex<Generation>>,
+    model: Arc<Model>,
+    /// Held by a call on the stream (one at a time; the generation itself is handed to the
+    /// scheduler's thread while a step runs there).
+    call: Mutex<()>,
+    /// While the stream is between steps of a model with a scheduler: rounds wait for it.
+    reg: Mutex<Option<Registration>>,
+}
+
+impl PyStream {
+    /// One step: through the model's scheduler when it has one (stepped with the other
+    /// sessions' steps), else on this thread.
+    fn next_token(&self, py: Python<'_>) -> PyResult<Option<u32>> {
+        let Some(sched) = self.model.scheduler() else {
+            let mut g = lock(&self.g)?;
+            let g: &mut Generation = &mut g;
+            if g.finished() {
+                return Ok(None);
+            }
+            let mut guard = lock(&self.s)?;
+            let s: &mut CoreSession = &mut guard;
+            return run_cancellable(py, |c| s.step(g, &|| c.load(Ordering::Relaxed)));
+        };
+        if lock(&self.g)?.finished() {
+            *lock(&self.reg)? = None;
+            return Ok(None);
+        }
+        {
+            let mut reg = lock(&self.reg)?;
+            if reg.is_none() {
+                *reg = Some(sched.register());
+            }
+        }
+        let r = run_cancellable(py, |c| sched.step(&self.s, &self.g, c, true, &|_| {}));
+        if r.is_err() || lock(&self.g)?.finished() {
+            *lock(&self.reg)? = None;
+        }
+        r
+    }
 }
 
 const BUSY: &str = "this session is busy with another call (one call at a time per session; use separate sessions for concurrency)";
@@ -94,6 +133,18 @@ impl PySession {
         progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let ids = self.model.token_ids(&ids).map_err(to_py)?;
+        if let Some(sched) = self.model.scheduler().filter(|_| !ids.is_empty()) {
+            // a generation of no token: its prompt fed with the other sessions' steps, in
+            // parts when it is long (progress after each part)
+            let greedy = SampleParams::new(0.0, 1.0, 0, Some(0)).map_err(to_py)?;
+            let g = Generation::new(ids, 0, greedy, Vec::new()).map_err(to_py)?;
+            let g = Arc::new(Mutex::new(g));
+            let layers = self.model.cfg.num_layers as u64;
+            return run_reporting(py, progress, |c, report| {
+                let on_fed = |n: usize| report(n as u64 * layers);
+                sched.step(&self.s, &g, c, false, &on_fed).map(|_| ())
+            });
+        }
         let mut guard = lock(&self.s)?;
         let s: &mut CoreSession = &mut guard;
         run_reporting(py, progress, |c, report| {
@@ -184,7 +235,10 @@ impl PySession {
         }
         Ok(PyStream {
             s: self.s.clone(),
-            g: Mutex::new(g),
+            g: Arc::new(Mutex::new(g)),
+            model: self.model.clone(),
+            call: Mutex::new(()),
+            reg: Mutex::new(None),
         })
     }
 
@@ -246,14 +300,16 @@ impl PyStream {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<u32>> {
-        let mut g = lock(&self.g)?;
-        let g: &mut Generation = &mut g;
-        if g.finished() {
-            return Ok(None);
-        }
-        let mut guard = lock(&self.s)?;
-        let s: &mut CoreSession = &mut guard;
-        run_cancellable(py, |c| s.step(g, &|| c.load(Ordering::Relaxed)))
+        let _call = lock(&self.call)?;
+        self.next_token(py)
+    }
+
+    /// Ends the stream's part in the scheduler's rounds (they no longer wait for it); the
+    /// generation stays where it is. Done by itself when the stream ends or is dropped.
+    fn close(&self) -> PyResult<()> {
+        let _call = lock(&self.call)?;
+        *lock(&self.reg)? = None;
+        Ok(())
     }
 
     /// What speculation did in this generation (None when it is off): verifies, drafted and
@@ -296,6 +352,14 @@ impl PyStream {
     /// Ctrl-C the KeyboardInterrupt propagates; the tokens produced so far stay in the
     /// session (its state is consistent after every token).
     fn collect(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        let _call = lock(&self.call)?;
+        if self.model.scheduler().is_some() {
+            let mut out = Vec::new();
+            while let Some(t) = self.next_token(py)? {
+                out.push(t);
+            }
+            return Ok(out);
+        }
         let mut g = lock(&self.g)?;
         let g: &mut Generation = &mut g;
         let mut guard = lock(&self.s)?;

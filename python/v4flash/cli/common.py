@@ -173,7 +173,16 @@ def load_model(args: argparse.Namespace, path: Path):
     kw: Dict[str, Any] = dict(
         ram_gb=args.ram, threads=args.threads, expert_cache_mb=args.expert_cache_mb, ctx=args.ctx
     )
-    for opt in ("io", "cache_policy", "io_threads", "numerics", "speculate"):
+    opts = (
+        "io",
+        "cache_policy",
+        "io_threads",
+        "numerics",
+        "speculate",
+        "sessions",
+        "round_prefill",
+    )
+    for opt in opts:
         if getattr(args, opt, None) is not None:
             kw[opt] = getattr(args, opt)
     quiet = getattr(args, "quiet", False)

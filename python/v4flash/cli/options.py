@@ -362,6 +362,22 @@ def parser() -> argparse.ArgumentParser:
         "1024: API clients, agents above all, rarely set it and their answers run long)",
     )
     g.add_argument(
+        "--parallel",
+        type=_positive_int,
+        metavar="N",
+        help="requests answered side by side, stepped together (one pass over the weights "
+        "for all of them); more wait in arrival order (default: the plan's 'parallel': up to "
+        "4 while their state leaves the expert cache room; 1 = one at a time)",
+    )
+    g.add_argument(
+        "--round-prefill",
+        type=_positive_int,
+        metavar="N",
+        help="with --parallel > 1: prompt tokens fed per round, shared by the prompts "
+        "waiting (256 when every expert fits in the cache, else the plan's prefill span); "
+        "smaller lets a new request start sooner behind a long prompt",
+    )
+    g.add_argument(
         "--prompt-cache",
         type=_nonneg_int,
         default=4,

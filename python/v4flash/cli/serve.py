@@ -29,6 +29,20 @@ def _served_name(args: argparse.Namespace, path: Path, demo: bool) -> str:
     return getattr(args, "model_repo", None) or path.resolve().name
 
 
+def _planned_parallel(args: argparse.Namespace, path: Path) -> int:
+    """The plan's ``parallel`` for this checkpoint, budget and context (1 when it cannot be
+    planned: the load then says why)."""
+    import v4flash
+
+    kw = {"ctx": args.ctx}
+    if getattr(args, "expert_cache_mb", None) is not None:
+        kw["expert_cache_mb"] = args.expert_cache_mb
+    try:
+        return int(v4flash.plan(path, args.ram, **kw).get("parallel", 1))
+    except (ValueError, MemoryError, OSError, RuntimeError, v4flash.V4FlashError):
+        return 1
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     path, demo = resolve_model(args)
     name = _served_name(args, path, demo)
@@ -44,6 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             disk.prepare()  # a bad directory is said now, not after the model loads
         except ValueError as e:
             raise CliError(str(e)) from None
+    parallel = args.parallel or _planned_parallel(args, path)
     try:  # bind first: a taken port is said before the model loads, not minutes after
         srv = make_server(
             None,
@@ -58,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ping_every=args.sse_ping,
             limits=limits,
             webui=args.webui,
+            parallel=parallel,
         )
     except OSError as e:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
@@ -90,11 +106,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             pass
     done = True
     try:
+        args.sessions = parallel  # the scheduler steps that many side by side
         model, tok = load_model(args, path)  # prints the plan line
         use_tokenizer(model, tok)
         srv.engine.set_model(model)
         print(
             f"v4flash: serving {name} at {srv.url}/v1 (OpenAI, Anthropic and Responses APIs; "
+            + (f"{parallel} requests side by side; " if parallel > 1 else "")
             + (f"chat page at {srv.url}/; " if args.webui else "")
             + "Ctrl-C stops)",
             file=sys.stderr,

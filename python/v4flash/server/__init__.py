@@ -54,11 +54,14 @@ def make_server(
     responses_kept: int = 256,
     webui: bool = True,
     log: Optional[Callable[[str], None]] = None,
+    parallel: Optional[int] = None,
 ) -> Server:
     """A bound, not yet serving, server (``serve_forever()`` or ``start()``; ``stop`` ends
     it). ``port=0`` picks a free port (see ``server.url``). ``model`` may be None while it
     loads: set it with ``server.engine.set_model``. ``cache_disk``: the prompt cache keeps
-    states on disk too (``textapi.disk``)."""
+    states on disk too (``textapi.disk``). ``parallel``: requests answered side by side
+    (default: the sessions the model was loaded for, ``load(..., sessions=N)``, whose
+    scheduler steps them together)."""
     engine = Engine(
         model,
         name=name or (model.path.name if model is not None else "model"),
@@ -66,6 +69,7 @@ def make_server(
         cache_sessions=cache_sessions,
         cache_disk=cache_disk,
         log=log,
+        parallel=parallel,
     )
     engine.responses = responses.ResponseStore(responses_kept)
     routes: Dict[Tuple[str, str], Route] = {}

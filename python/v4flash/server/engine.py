@@ -1,12 +1,15 @@
-"""The engine side of the server: one request at a time, first come first served.
+"""The engine side of the server: up to ``parallel`` requests at a time, first come first
+served.
 
-Why one at a time: every request uses all compute threads and the whole expert cache, so two
-at once would only share the cores and evict each other's experts (both slower, and the first
-to arrive no longer finishes first); the prompt cache's sessions are also touched by one
-request at a time. :class:`FifoLock` grants the engine in arrival order; a waiter gives up when
-its client leaves or the server stops, and a running answer is cancelled between tokens for
-the same reasons (:meth:`Engine.turn`). Nothing here knows HTTP: the transport (``http``) maps
-:class:`Gone` and :class:`ShuttingDown` to its own answers.
+Why a bound: the requests that run are stepped together by the core's scheduler (one
+forward pass per round for all of them: each read of the weights serves every running
+answer, rust/schedule.rs), up to the sessions the model was loaded for; beyond that a request
+waits its turn. With ``parallel`` 1 (a model loaded for one session) they run one at a time,
+each with all compute threads and the whole expert cache. :class:`FifoLock` grants the
+engine's places in arrival order; a waiter gives up when its client leaves or the server
+stops, and a running answer is cancelled between tokens for the same reasons
+(:meth:`Engine.turn`). Nothing here knows HTTP: the transport (``http``) maps :class:`Gone`
+and :class:`ShuttingDown` to its own answers.
 """
 
 from __future__ import annotations
@@ -34,13 +37,20 @@ class ShuttingDown(Exception):
 
 
 class FifoLock:
-    """A lock granted in arrival order; a waiter can give up (its client left).
-    ``threading.Lock`` makes no fairness promise, hence the explicit queue."""
+    """A lock of ``places`` holders, granted in arrival order; a waiter can give up (its
+    client left). ``threading.Semaphore`` makes no fairness promise, hence the explicit
+    queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, places: int = 1) -> None:
         self._cond = threading.Condition()
         self._queue: deque = deque()
-        self._held = False
+        self._held = 0
+        self.places = max(1, int(places))
+
+    @property
+    def running(self) -> int:
+        with self._cond:
+            return self._held
 
     @property
     def waiting(self) -> int:
@@ -50,7 +60,7 @@ class FifoLock:
     @property
     def busy(self) -> bool:
         with self._cond:
-            return self._held
+            return self._held > 0
 
     def acquire(
         self,
@@ -68,11 +78,13 @@ class FifoLock:
         try:
             while True:
                 with self._cond:
-                    if self._held or self._queue[0] is not me:
+                    if self._held >= self.places or self._queue[0] is not me:
                         self._cond.wait(poll)
-                    if not self._held and self._queue[0] is me:
+                    if self._held < self.places and self._queue[0] is me:
                         self._queue.popleft()
-                        self._held = True
+                        self._held += 1
+                        # the next in line may fit too
+                        self._cond.notify_all()
                         return True
                 if give_up():
                     return False
@@ -87,14 +99,14 @@ class FifoLock:
 
     def release(self) -> None:
         with self._cond:
-            self._held = False
+            self._held = max(0, self._held - 1)
             self._cond.notify_all()
 
 
 class Engine:
     """What every request shares: the model, its tokenizer, the prompt cache, the FIFO lock
-    that gives the engine to one request at a time, and the server's state (stopping, the
-    requests in flight)."""
+    that gives the engine to ``parallel`` requests at a time (the sessions the model was
+    loaded for, unless told), and the server's state (stopping, the requests in flight)."""
 
     def __init__(
         self,
@@ -105,6 +117,7 @@ class Engine:
         cache_sessions: int = 4,
         cache_disk: Optional[DiskOptions] = None,
         log: Optional[Callable[[str], None]] = None,
+        parallel: Optional[int] = None,
     ):
         self.name = name
         self.max_tokens = max_tokens
@@ -116,9 +129,10 @@ class Engine:
         self.cache: Any = None
         self.ready = threading.Event()
         self.responses: Any = None  # responses kept for previous_response_id (make_server)
+        self.parallel = parallel
+        self.lock = FifoLock(parallel or 1)
         if model is not None:
             self.set_model(model)
-        self.lock = FifoLock()
         self.stopping = threading.Event()
         self.created = int(time.time())
         self._active = 0
@@ -128,6 +142,9 @@ class Engine:
     def set_model(self, model: Any) -> None:
         """The model is loaded: requests may use it (until then they get a 503, "loading")."""
         self.model = model
+        if self.parallel is None:  # as many as the model steps together
+            plan = getattr(model, "plan", None)
+            self.lock.places = max(1, int(plan().get("sessions", 1))) if plan else 1
         self.tok = tokenizer_for(model)
         cache = PromptCache(model, max_sessions=self.cache_sessions)
         d = self.cache_disk

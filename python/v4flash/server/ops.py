@@ -24,6 +24,8 @@ def health(x: Exchange) -> int:
         "status": "stopping" if e.stopping.is_set() else "ok",
         "model": e.name,
         "busy": e.lock.busy,
+        "running": e.lock.running,
+        "parallel": e.lock.places,
         "queued": e.lock.waiting,
         "requests": e.requests,
         "prompt_cache": e.cache.stats(),
@@ -35,7 +37,7 @@ def health(x: Exchange) -> int:
 def metrics(x: Exchange) -> int:
     e = x.engine
     stats = e.model.stats() if e.model is not None else None
-    text = x.app.metrics.render(int(e.lock.busy), e.lock.waiting, stats)
+    text = x.app.metrics.render(e.lock.running, e.lock.waiting, stats)
     x.send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
     x.info["note"] = "metrics"
     return 200
