@@ -266,13 +266,12 @@ impl Model {
     /// was loaded for several sessions (`LoadOptions::sessions` > 1); None for one.
     pub fn scheduler(&self) -> Option<&crate::schedule::Scheduler> {
         (self.plan.sessions > 1).then(|| {
-            self.scheduler
-                .get_or_init(|| {
-                    let n = self
-                        .round_prefill
-                        .unwrap_or_else(|| crate::schedule::default_round_prefill(&self.plan));
-                    crate::schedule::Scheduler::new(n)
-                })
+            self.scheduler.get_or_init(|| {
+                let n = self
+                    .round_prefill
+                    .unwrap_or_else(|| crate::schedule::default_round_prefill(&self.plan));
+                crate::schedule::Scheduler::new(n)
+            })
         })
     }
 

@@ -374,7 +374,8 @@ def parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="N",
         help="with --parallel > 1: prompt tokens fed per round, shared by the prompts "
-        "waiting (256 when every expert fits in the cache, else the plan's prefill span); "
+        "waiting (256 when the cache holds half the experts or more, else the plan's prefill "
+        "span); "
         "smaller lets a new request start sooner behind a long prompt",
     )
     g.add_argument(
