@@ -209,6 +209,7 @@ mod tests {
             ("expert_cache_mb", "1e-06"),
             ("ctx", "64"),
             ("sessions", "4"),
+            ("round_prefill", "128"),
             ("io", "'mmap'"),
             ("cache_policy", "'lru'"),
             ("io_threads", "2"),
@@ -235,6 +236,7 @@ mod tests {
         );
         assert_eq!(o.ctx.map(|t| t.get()), Some(64));
         assert_eq!(o.sessions.get(), 4);
+        assert_eq!(o.round_prefill.map(|n| n.get()), Some(128));
         assert_eq!((o.io, o.policy), (IoMode::Mmap, Policy::Lru));
         assert_eq!((o.io_threads.get(), o.numerics), (2, Numerics::Fast));
         assert!(!o.tuning.lookahead && !o.tuning.prefault && !o.tuning.io_uring);
@@ -255,6 +257,7 @@ mod tests {
             ("threads", "1.5", "threads must be an integer, got 1.5"),
             ("ctx", "0", "ctx must be >= 1, got 0"),
             ("sessions", "0", "sessions must be >= 1, got 0"),
+            ("round_prefill", "0", "round_prefill must be >= 1, got 0"),
             ("io_threads", "0", "io_threads must be >= 1, got 0"),
             (
                 "ram_gb",
