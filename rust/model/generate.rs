@@ -15,6 +15,7 @@
 //!   allows (computed while the forward pass runs), and the sampled token advances it; the
 //!   constraint belongs to the generation, never to the session (docs/architecture.md §7.2).
 
+mod draft;
 mod speculate;
 
 use speculate::Verified;
@@ -46,6 +47,9 @@ pub struct Session {
     /// the whole pass (its journal open) until `settle` cuts it back to what was handed out,
     /// so that whatever the caller does next sees plain decoding's state (docs/model.md §9).
     verified: Option<Box<Verified>>,
+    /// The DSpark drafter's state, kept in step with `st` while the session drafts with
+    /// DSpark (`draft.rs` has the rules); None for every other session.
+    ds: Option<crate::model::dspark::DraftState>,
 }
 
 /// One session's part of `Session::feed_batch`: the tokens it feeds after its pending one,
@@ -204,6 +208,7 @@ impl Session {
     pub fn new(model: Arc<Model>) -> Session {
         Session {
             st: model.new_state(),
+            ds: draft::initial(&model),
             model,
             pending: None,
             last: None,
@@ -274,9 +279,7 @@ impl Session {
         if all.is_empty() {
             return Ok(());
         }
-        let v = self
-            .model
-            .forward_reporting(&mut self.st, &all, Want::Last, cancel, report)?;
+        let v = self.forward_fed(&all, Want::Last, cancel, report)?;
         self.pending = None;
         self.last = Some(v);
         Ok(())
@@ -332,6 +335,7 @@ impl Session {
             }
             let last = out[out.len() - v..].to_vec();
             i.session.pending = None;
+            i.session.ds = None; // a batch does not capture the drafter's rows (draft.rs)
             res.push(match i.want {
                 Want::None => Vec::new(),
                 Want::Last => last.clone(),
@@ -381,6 +385,9 @@ impl Session {
         // generation's are settled
         if let Some(tok) = self.hand_out(g)? {
             return Ok(Some(tok));
+        }
+        if g.prompt.is_some() {
+            self.draft_begin(g.spec.as_deref());
         }
         if g.stopped {
             if let Some(prompt) = &g.prompt {
@@ -473,6 +480,7 @@ impl Session {
         self.flush(&[], cancel)?;
         let mut snap = self.st.snapshot();
         snap.logits = self.last.clone();
+        snap.draft = self.ds.clone();
         Ok(snap)
     }
 
@@ -484,6 +492,7 @@ impl Session {
         self.st.rollback(snap)?;
         self.pending = None;
         self.last.clone_from(&snap.logits);
+        self.draft_rollback(snap);
         Ok(())
     }
 
@@ -529,6 +538,7 @@ impl Session {
             pending: f.pending,
             last: f.last,
             verified: None,
+            ds: None, // what the model was fed before is not observed (draft.rs)
         };
         Ok((s, f.metadata))
     }
@@ -539,8 +549,14 @@ impl Session {
         self.pending = None;
         self.last = None;
         self.verified = None;
+        self.ds = match self.ds {
+            Some(_) => self.model.drafter_state().ok(),
+            None => draft::initial(&self.model),
+        };
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_dspark;
