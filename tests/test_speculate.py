@@ -406,3 +406,27 @@ def test_auto_with_the_drafter_gives_plain_decodings_tokens():
 def test_dspark_without_the_loaded_drafter_says_how_to_load_it():
     with pytest.raises(ValueError, match="drafter=True"):
         model_for("tiny-b").session().generate(PROMPT, max_new_tokens=2, speculate="dspark")
+
+
+def test_the_command_line_loads_the_drafter_for_dspark(capsys):
+    def run(*flags):
+        return main_(
+            capsys,
+            "run",
+            "-m",
+            FIXTURES / "tiny-b",
+            "--raw",
+            *flags,
+            "-n",
+            "8",
+            "--seed",
+            "3",
+            "hi",
+        )
+
+    off = run("--speculate", "off")
+    r = run("--drafter", "--speculate", "dspark")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == off.stdout
+    r = run("--speculate", "dspark")
+    assert r.returncode != 0 and "--drafter" in r.stderr
