@@ -33,6 +33,10 @@ pub struct Speculator {
     stats: SpecStats,
     /// Tests: verify this many drafts (or all there are) at every step, whatever the cost.
     pub(super) force_k: Option<usize>,
+    /// Tests: DSpark's drafts replaced by this oracle's (after DSpark drafted: the same
+    /// path, state and timing), so that drafts are accepted on the random fixtures.
+    #[cfg(test)]
+    pub(super) dspark_oracle: Option<crate::speculate::oracle::Oracle>,
 }
 
 impl Speculator {
@@ -43,6 +47,8 @@ impl Speculator {
             dcost: CostModel::new(),
             stats: SpecStats::default(),
             force_k: None,
+            #[cfg(test)]
+            dspark_oracle: None,
         }
     }
 
@@ -186,6 +192,15 @@ impl Session {
             Some(k0) => {
                 let t = Instant::now();
                 let d = self.dspark_draft(pending, k0, spec.force_k.is_none());
+                #[cfg(test)]
+                let d = match spec.dspark_oracle.as_mut() {
+                    Some(o) => {
+                        let mut seq = self.st.tokens.clone();
+                        seq.push(pending);
+                        o.propose(&seq, d.len())
+                    }
+                    None => d,
+                };
                 draft_secs = t.elapsed().as_secs_f64();
                 spec.dcost.observe_draft(k0, draft_secs);
                 (d, true)

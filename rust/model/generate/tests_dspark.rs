@@ -126,6 +126,44 @@ fn dspark_generation_is_plain_decoding_bitwise() {
 }
 
 #[test]
+fn accepted_drafts_keep_the_drafter_in_step() {
+    // DSpark is (almost) never right on the random fixture: its drafts are replaced by an
+    // oracle's, right with probability `right`, after DSpark drafted (the same path)
+    let m = with_drafter();
+    let prompt = ids(&m, 12, 10);
+    for (temperature, seed) in [(0.0, 0), (0.9, 2)] {
+        let p = params(temperature, seed);
+        let (want, ref_s) = plain(&prompt, 40, &p);
+        let truth: Vec<u32> = want.iter().map(|w| w.0).collect();
+        for (right, k) in [(1.0, 5), (0.6, 5), (0.8, 2)] {
+            let what = format!("t={temperature} right={right} k={k}");
+            let mut s = Session::new(m.clone());
+            let mut g = dspark(&prompt, 40, &p, k);
+            let o = crate::speculate::oracle::Oracle::new(
+                prompt.len(),
+                truth.clone(),
+                right,
+                5,
+                m.cfg.vocab_size as u32,
+            );
+            if let Some(sp) = g.spec.as_mut() {
+                sp.dspark_oracle = Some(o);
+            }
+            assert_eq!(run(&mut s, &mut g), want, "{what}");
+            let st = g.speculation().unwrap().stats();
+            assert!(st.accepted > 0, "{what}: nothing accepted");
+            if right == 1.0 {
+                assert_eq!(st.accepted, st.drafted, "{what}");
+            } else {
+                assert!(st.accepted < st.drafted, "{what}");
+            }
+            assert_eq!(bits(&s.st), bits(&ref_s.st), "{what}");
+            assert_in_step(&mut s, &what);
+        }
+    }
+}
+
+#[test]
 fn auto_drafts_with_dspark_where_lookup_has_nothing() {
     let m = with_drafter();
     let prompt = ids(&m, 9, 10); // no n-gram recurs: lookup drafts nothing
