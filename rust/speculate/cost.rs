@@ -105,8 +105,10 @@ impl CostModel {
         });
     }
 
-    /// What drafting `k` tokens costs: measured, else the most any measured draft took
-    /// (never optimistic), else 0 (a drafter never timed is free).
+    /// What drafting `k` tokens costs: measured, else the most any measured draft took (a
+    /// DSpark draft runs its whole block whatever k, so k changes it by tens of percent at
+    /// most; a k chosen on that guess is measured from then on), else 0 (a drafter never
+    /// timed is free).
     pub fn draft_time(&self, k: usize) -> f64 {
         if let Some(Some(t)) = self.draft.get(k) {
             return *t;
