@@ -20,6 +20,13 @@
 //!   a failed observation. Re-observing would mean running the model over the whole
 //!   sequence again (a second prefill): never done behind the caller's back.
 //!
+//! Why truncating is always right: the positions the drafter state observed are the first
+//! tokens of the session's sequence, or the state is dropped. Only observed passes add tokens
+//! while it is kept (`forward_fed`; `feed_batch` drops it), and whatever takes tokens away
+//! (a rollback, a cut back, a scheduler's `restore`) keeps the tokens before the new end.
+//! So a state ahead of the session is truncated to it, lazily at the next pass
+//! (`draft_follow`), whichever path moved the session back.
+//!
 //! Drafts are proposals only: the tokens are plain decoding's whatever the drafter state
 //! holds (the verify samples every position as the plain step would).
 
@@ -61,6 +68,7 @@ impl Session {
         cancel: &(dyn Fn() -> bool + Sync),
         report: &(dyn Fn(u64) + Sync),
     ) -> Result<Vec<f32>> {
+        self.draft_follow(); // a state left ahead (the session went back): truncated
         let pos0 = self.st.pos();
         let layers = match (&self.ds, &self.model.drafter) {
             (Some(ds), Some(d)) if ds.len() == pos0 => d.target_layers().to_vec(),

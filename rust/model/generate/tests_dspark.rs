@@ -241,6 +241,18 @@ fn snapshots_and_rollbacks_keep_the_drafter_in_step() {
     run(&mut s, &mut g);
     s.rollback(&bare).unwrap();
     assert_in_step(&mut s, "bare");
+    // the model state moved back behind the session's back (a scheduler's `restore` rolls
+    // the state itself back): the drafter state is truncated at the next pass
+    let mark = s.st.snapshot();
+    let mut g = dspark(&[8], 6, &p, 3);
+    let ahead = run(&mut s, &mut g);
+    s.st.rollback(&mark).unwrap();
+    s.pending = None;
+    s.last = None;
+    let mut g = dspark(&[8], 6, &p, 3);
+    assert_eq!(run(&mut s, &mut g), ahead);
+    assert!(g.speculation().unwrap().stats().verifies > 0);
+    assert_in_step(&mut s, "restored");
     // ... and the same tokens as plain decoding throughout
     let mut r = Session::new(without());
     r.feed(&prompt, &NO).unwrap();
