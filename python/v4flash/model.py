@@ -129,8 +129,9 @@ class Session:
         ``speculate``: ``off``, ``lookup``, ``dspark`` or ``auto`` (default: the model's
         ``speculate`` load option); the tokens are the same whichever, only the time
         differs (docs/model.md §9). ``dspark`` needs the model loaded with ``drafter=True``;
-        a session whose earlier tokens the drafter did not observe (loaded from a file, fed
-        in a batch) steps plainly."""
+        a session whose earlier tokens the drafter did not observe (loaded from a file, or fed
+        before ``dspark`` was asked for on a model that does not use it by default) steps
+        plainly."""
         s = sample_params(temperature, top_p, top_k, seed)
         stops = [self._model.config.eos_token_id] if stop_ids is None else stop_ids
         stops = _ids(stops, "stop_ids", allow_empty=True)

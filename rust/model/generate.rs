@@ -306,28 +306,38 @@ impl Session {
         }
         for i in items.iter_mut() {
             i.session.settle()?;
+            i.session.draft_follow();
         }
         let fed: Vec<Vec<u32>> = items
             .iter()
             .map(|i| i.session.pending.iter().chain(i.ids).copied().collect())
             .collect();
-        let mut seqs: Vec<Seq> = items
-            .iter_mut()
-            .zip(&fed)
-            .map(|(i, ids)| Seq {
-                st: &mut i.session.st,
+        let mut seqs: Vec<Seq> = Vec::with_capacity(items.len());
+        let mut observers = Vec::with_capacity(items.len());
+        for (i, ids) in items.iter_mut().zip(&fed) {
+            let s = &mut *i.session;
+            // the drafter states in step are observed in the same pass (draft.rs)
+            let pos0 = s.st.pos();
+            observers.push(s.ds.as_mut().filter(|d| d.len() == pos0).map(|d| (d, pos0)));
+            seqs.push(Seq {
+                st: &mut s.st,
                 ids,
                 // the last row always: the session keeps it
                 want: match i.want {
                     Want::All => Want::All,
                     _ => Want::Last,
                 },
-            })
-            .collect();
-        let outs = model.forward_batch(&mut seqs, cancel)?;
+            });
+        }
+        let (outs, observed) = draft::forward_batch_observed(&model, &mut seqs, observers, cancel)?;
         drop(seqs);
         let v = model.cfg.vocab_size;
         let mut res = Vec::with_capacity(items.len());
+        for ((i, ok), ids) in items.iter_mut().zip(observed).zip(&fed) {
+            if !ok && !ids.is_empty() {
+                i.session.ds = None; // fed without being observed
+            }
+        }
         for ((i, ids), out) in items.iter_mut().zip(&fed).zip(outs) {
             if ids.is_empty() {
                 res.push(Vec::new());
@@ -335,7 +345,6 @@ impl Session {
             }
             let last = out[out.len() - v..].to_vec();
             i.session.pending = None;
-            i.session.ds = None; // a batch does not capture the drafter's rows (draft.rs)
             res.push(match i.want {
                 Want::None => Vec::new(),
                 Want::Last => last.clone(),

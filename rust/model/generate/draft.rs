@@ -13,16 +13,17 @@
 //! - a verify's cut back truncates it to the kept position (`follow`); a rollback restores
 //!   the snapshot's copy (`Session::snapshot` keeps one), else truncates it when the
 //!   snapshot is within its undo depth;
+//! - a batched feed (`feed_batch`) observes the sessions that keep one in the same pass
+//!   (`forward_batch_observed`: one capture for the batch);
 //! - whatever cannot keep it in step drops it, and the session drafts no more with DSpark
 //!   (its generations step plainly, or with prompt lookup under `auto`): tokens fed before
 //!   it was kept (a session fed, then asked for `dspark`), a rollback further back than it
-//!   can undo, a session loaded from a file, a batched feed (`feed_batch` does not capture),
-//!   a failed observation. Re-observing would mean running the model over the whole
+//!   can undo, a session loaded from a file, a failed observation. Re-observing would mean running the model over the whole
 //!   sequence again (a second prefill): never done behind the caller's back.
 //!
 //! Why truncating is always right: the positions the drafter state observed are the first
 //! tokens of the session's sequence, or the state is dropped. Only observed passes add tokens
-//! while it is kept (`forward_fed`; `feed_batch` drops it), and whatever takes tokens away
+//! while it is kept (`forward_fed`, `forward_batch_observed`), and whatever takes tokens away
 //! (a rollback, a cut back, a scheduler's `restore`) keeps the tokens before the new end.
 //! So a state ahead of the session is truncated to it, lazily at the next pass
 //! (`draft_follow`), whichever path moved the session back.
@@ -50,6 +51,42 @@ pub(super) fn initial(model: &Model) -> Option<DraftState> {
     } else {
         None
     }
+}
+
+/// `Model::forward_batch` over `seqs`, capturing the drafter's rows of the sequences that
+/// have an observer (their drafter state, standing at the sequence's position) and observing
+/// them: the logits, and per sequence whether it was observed (false without an observer or
+/// when its observation failed: the caller drops that state). On error nothing changes.
+pub(super) fn forward_batch_observed(
+    model: &Model,
+    seqs: &mut [Seq<'_>],
+    mut observers: Vec<Option<(&mut DraftState, usize)>>,
+    cancel: &(dyn Fn() -> bool + Sync),
+) -> Result<(Vec<Vec<f32>>, Vec<bool>)> {
+    let Some(d) = model
+        .drafter
+        .as_ref()
+        .filter(|_| observers.iter().any(Option::is_some))
+    else {
+        let outs = model.forward_batch(seqs, cancel)?;
+        return Ok((outs, vec![false; seqs.len()]));
+    };
+    let lens: Vec<usize> = seqs
+        .iter()
+        .zip(&observers)
+        .map(|(s, o)| if o.is_some() { s.ids.len() } else { 0 })
+        .collect();
+    let cap = Capture::new(d.target_layers(), &lens, model.cfg.hidden_size);
+    let outs = model.forward_batch_capturing(seqs, cancel, &|_| {}, Some(&cap))?;
+    let observed = observers
+        .iter_mut()
+        .zip(cap.into_rows())
+        .map(|(o, rows)| match o {
+            Some((ds, pos0)) => model.drafter_observe(ds, &rows, *pos0).is_ok(),
+            None => false,
+        })
+        .collect();
+    Ok((outs, observed))
 }
 
 impl Session {

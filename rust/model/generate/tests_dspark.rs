@@ -263,6 +263,47 @@ fn snapshots_and_rollbacks_keep_the_drafter_in_step() {
 }
 
 #[test]
+fn a_batched_feed_observes_the_sessions_that_keep_a_drafter_state() {
+    let m = with_drafter();
+    let (pa, pb) = (ids(&m, 13, 9), ids(&m, 14, 6));
+    let p = params(0.7, 9);
+    let mut a = Session::new(m.clone());
+    let mut b = Session::new(m.clone());
+    b.ds = None; // one that keeps none, in the same batch
+                 // a pending token too (a's first generation), fed first by the batch
+    let mut g = dspark(&pa, 3, &p, 2);
+    run(&mut a, &mut g);
+    let more = [5u32, 6, 7];
+    let mut items = [
+        BatchFeed {
+            session: &mut a,
+            ids: &more,
+            want: Want::Last,
+        },
+        BatchFeed {
+            session: &mut b,
+            ids: &pb,
+            want: Want::All,
+        },
+    ];
+    Session::feed_batch(&mut items, &NO).unwrap();
+    assert!(a.observes_drafter() && !b.observes_drafter());
+    assert_in_step(&mut a, "batched");
+    // and a dspark generation after it drafts, with plain decoding's tokens
+    let mut r = Session::new(without());
+    r.feed(&[&pa[..], &a.tokens()[pa.len()..]].concat(), &NO)
+        .unwrap();
+    let mut gr = Generation::new(vec![4], 12, p.clone(), vec![])
+        .unwrap()
+        .with_logprobs(3);
+    let want = run(&mut r, &mut gr);
+    let mut g = dspark(&[4], 12, &p, 4);
+    assert_eq!(run(&mut a, &mut g), want);
+    assert!(g.speculation().unwrap().stats().verifies > 0);
+    assert_in_step(&mut a, "after the batch");
+}
+
+#[test]
 fn a_session_the_drafter_did_not_see_steps_plainly() {
     // a model that does not draft with DSpark by default: its sessions keep no state
     let m = load(true, Mode::Off);
