@@ -432,3 +432,37 @@ def test_bench_does_not_wait_for_a_prefault_that_never_runs(capsys, monkeypatch)
     r = _bench_json(capsys)
     assert r["prefaulted_at_prompt"] == 0 < r["expert_slots"]
     assert not any("pre-fault" in n for n in r["notes"]), r["notes"]
+
+
+def test_bench_predict_has_the_dspark_columns(capsys):
+    from v4flash import dspark_predict as dp
+
+    code, out, _ = _bench_cli(capsys, "--predict", "--mem-gbs", 50, "--json")
+    rows = json.loads(out)
+    for r in rows:
+        d = r["dspark"]
+        steps = [d["pass_steps"][str(k)] for k in range(1, 6)]
+        # a pass of k+1 tokens costs more than k tokens', less than k+1 plain steps
+        assert steps == sorted(steps) and all(1 < s < k + 1 for k, s in enumerate(steps, 2))
+        assert d["plain_tok_s"] == pytest.approx(r["limit_tok_s"])  # the limit formula's
+        # the drafter's RAM and observation cost something; only drafting can gain
+        assert d["with_drafter_plain_tok_s"] < d["plain_tok_s"]
+        gains = [d["gain"][a]["speed_up"] for a in ("0.5", "0.7", "0.9")]
+        assert gains == sorted(gains)
+        for g in d["gain"].values():
+            if g["k"] == 0:  # plain steps, with the drafter loaded
+                assert g["speed_up"] == pytest.approx(
+                    d["with_drafter_plain_tok_s"] / d["plain_tok_s"]
+                )
+            else:  # the cost model's rule: predicted to beat its plain step by the margin
+                ratio = g["speed_up"] * d["plain_tok_s"] / d["with_drafter_plain_tok_s"]
+                assert ratio > 1 + dp.MARGIN
+    # a faster draft never gains less
+    fast = dp.dspark_row(64, 7.0, 50.0, draft_ms=1.0)
+    slow = dp.dspark_row(64, 7.0, 50.0, draft_ms=500.0)
+    assert fast["gain"]["0.9"]["speed_up"] > slow["gain"]["0.9"]["speed_up"]
+    assert fast["draft_measured"] and fast["draft_ms"]["3"] == 1.0
+    # the table prints, its assumptions named
+    code, out, _ = _bench_cli(capsys, "--predict", "--mem-gbs", 50, "--draft-ms", 100)
+    assert code == 0 and "DSpark" in out and "measured (--draft-ms)" in out
+    assert "Zipf" in out and "a = 0.7" in out

@@ -289,3 +289,144 @@ def test_stopping_a_stream_inside_a_verify_leaves_plain_decodings_session(taken)
     more = ref.generate([4, 4], max_new_tokens=6, speculate="off")
     assert s.generate([4, 4], max_new_tokens=6, speculate="off") == more
     assert s.tokens == ref.tokens
+
+
+# --- DSpark (the 0731 drafter; tiny-b carries one) -------------------------------------------
+
+
+def _dspark_model():
+    return model_for("tiny-b", drafter=True)
+
+
+def _dspark_run(s, prompt, n, k, **kw):
+    """A dspark generation verifying ``k`` drafts at every step (the cost model bypassed):
+    its (token, logprob, top) per step, and the generation."""
+    g = s._generation(
+        prompt, max_new_tokens=n, logprobs=3, speculate="dspark", _force_drafts=k, **kw
+    )
+    out = []
+    for t in g:
+        lp, top = g.logprobs()
+        out.append((t, lp, top))
+    return out, g
+
+
+def _plain_lp(m, prompt, n, **kw):
+    s = m.session()
+    return list(
+        s.stream_logprobs(prompt, max_new_tokens=n, top_logprobs=3, speculate="off", **kw)
+    ), s
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, 0), (0.9, 5)])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_dspark_gives_plain_decodings_tokens_logprobs_and_state(temperature, seed, k):
+    m = _dspark_model()
+    plain_m = model_for("tiny-b")  # no drafter: nothing captured or observed
+    want, ref = _plain_lp(plain_m, PROMPT, 40, temperature=temperature, seed=seed)
+    s = m.session()
+    got, g = _dspark_run(s, PROMPT, 40, k, temperature=temperature, seed=seed)
+    assert got == want
+    sp = g.speculation()
+    assert sp["verifies"] > 0 and sp["drafted"] > 0
+    assert s.tokens == ref.tokens
+    s.feed([3])
+    ref.feed([3])
+    assert np.array_equal(s.last_logits(), ref.last_logits())
+
+
+def test_dspark_drafts_are_rejected_and_accepted_on_tiny_b():
+    """Mechanics only (random weights): both happen, so the cut back after a rejection is
+    exercised by the tests above."""
+    m = _dspark_model()
+    s = m.session()
+    _, g = _dspark_run(s, PROMPT, 60, 5)
+    sp = g.speculation()
+    assert sp["drafted"] > sp["accepted"], sp
+
+
+@pytest.mark.parametrize("taken", [1, 2, 4])
+def test_stopping_a_dspark_stream_inside_a_verify_then_going_on(taken):
+    m = _dspark_model()
+    truth = _plain(m, PROMPT, 30)
+    ref = m.session()
+    for _ in zip(range(taken), ref.stream(PROMPT, max_new_tokens=30, speculate="off")):
+        pass
+    s = m.session()
+    g = s._generation(PROMPT, max_new_tokens=30, speculate="dspark", _force_drafts=5)
+    assert [next(g) for _ in range(taken)] == truth[:taken]
+    assert s.tokens == ref.tokens
+    more = ref.generate([4, 4], max_new_tokens=12, speculate="off")
+    got, g2 = _dspark_run(s, [4, 4], 12, 4)
+    assert [t for t, _, _ in got] == more
+    assert s.tokens == ref.tokens
+
+
+def test_snapshots_and_rollbacks_after_dspark_generation(tmp_path):
+    m = _dspark_model()
+    s = m.session()
+    s.feed(PROMPT)
+    early = s.snapshot()
+    first, _ = _dspark_run(s, [], 20, 4, temperature=0.8, seed=3)
+    late = s.snapshot()
+    after, _ = _dspark_run(s, [5, 6], 15, 5, temperature=0.8, seed=4)
+    s.rollback(late)
+    again, g = _dspark_run(s, [5, 6], 15, 5, temperature=0.8, seed=4)
+    assert again == after and g.speculation()["verifies"] > 0
+    s.rollback(early)
+    again, g = _dspark_run(s, [], 20, 2, temperature=0.8, seed=3)
+    assert again == first and g.speculation()["verifies"] > 0
+    # a saved session goes on as plain decoding does (without DSpark: the file does not hold
+    # the drafter's state)
+    s.save(tmp_path / "s.v4s")
+    back = m.load_session(tmp_path / "s.v4s")
+    got, g = _dspark_run(back, [2], 8, 5)
+    want, _ = _dspark_run(s, [2], 8, 5)
+    assert got == want and g.speculation()["verifies"] == 0
+
+
+def test_auto_with_the_drafter_gives_plain_decodings_tokens():
+    m = _dspark_model()
+    want = _plain(m, PROMPT, 30, temperature=0.7, seed=1)
+    for forced in (None, 3):
+        s = m.session()
+        g = s._generation(
+            PROMPT,
+            max_new_tokens=30,
+            temperature=0.7,
+            seed=1,
+            speculate="auto",
+            _force_drafts=forced,
+        )
+        assert g.collect() == want
+        if forced:
+            assert g.speculation()["verifies"] > 0  # DSpark drafted (lookup finds nothing here)
+
+
+def test_dspark_without_the_loaded_drafter_says_how_to_load_it():
+    with pytest.raises(ValueError, match="drafter=True"):
+        model_for("tiny-b").session().generate(PROMPT, max_new_tokens=2, speculate="dspark")
+
+
+def test_the_command_line_loads_the_drafter_for_dspark(capsys):
+    def run(*flags):
+        return main_(
+            capsys,
+            "run",
+            "-m",
+            FIXTURES / "tiny-b",
+            "--raw",
+            *flags,
+            "-n",
+            "8",
+            "--seed",
+            "3",
+            "hi",
+        )
+
+    off = run("--speculate", "off")
+    r = run("--drafter", "--speculate", "dspark")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == off.stdout
+    r = run("--speculate", "dspark")
+    assert r.returncode != 0 and "--drafter" in r.stderr

@@ -583,16 +583,26 @@ def print_predict(rows: List[Dict[str, float]]) -> None:
 # --------------------------------------------------------------------------------------------
 # CLI (the options are defined with the other commands' in cli.py)
 # --------------------------------------------------------------------------------------------
-def predict(mem_gbs: Optional[float], mem_gb: float, threads: Optional[int], json_out: bool) -> int:
+def predict(
+    mem_gbs: Optional[float],
+    mem_gb: float,
+    threads: Optional[int],
+    json_out: bool,
+    draft_ms: Optional[float] = None,
+) -> int:
     """``v4flash bench --predict``: the full-model table (memory bandwidth measured here
-    unless given)."""
+    unless given), each row with what drafting with DSpark is predicted to give
+    (``dspark_predict``; ``draft_ms``: a measured draft time instead of the estimate)."""
+    from .dspark_predict import add_dspark, print_dspark
+
     if mem_gbs is None:
         mem_gbs, _ = mem_read_gbs(int(mem_gb * (1 << 30)), threads or os.cpu_count())
-    rows = predict_table(mem_gbs=mem_gbs)
+    rows = add_dspark(predict_table(mem_gbs=mem_gbs), draft_ms=draft_ms)
     if json_out:
         print(to_json(rows))
     else:
         print_predict(rows)
+        print_dspark(rows)
     return 0
 
 
@@ -609,6 +619,8 @@ def bench_command(path: Path, a: Any) -> int:
             load_kw[opt] = getattr(a, opt)
     if a.speculate in SPECULATE:
         load_kw["speculate"] = a.speculate
+    if getattr(a, "drafter", False):
+        load_kw["drafter"] = True
     run_bench(
         str(path),
         ram_gb=a.ram,

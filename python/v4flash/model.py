@@ -135,7 +135,10 @@ class Session:
         the first, or once ``wait_for`` is sampled; until then a sampled EOS becomes it).
         ``speculate``: ``off``, ``lookup``, ``dspark`` or ``auto`` (default: the model's
         ``speculate`` load option); the tokens are the same whichever, only the time
-        differs (docs/model.md §9)."""
+        differs (docs/model.md §9). ``dspark`` needs the model loaded with ``drafter=True``;
+        a session whose earlier tokens the drafter did not observe (loaded from a file, or fed
+        before ``dspark`` was asked for on a model that does not use it by default) steps
+        plainly."""
         s = sample_params(temperature, top_p, top_k, seed)
         stops = [self._model.config.eos_token_id] if stop_ids is None else stop_ids
         stops = _ids(stops, "stop_ids", allow_empty=True)
@@ -365,7 +368,8 @@ def load(
       environment's ``V4FLASH_LOOKAHEAD``, ``V4FLASH_PREFAULT``, ``V4FLASH_IO_URING``; on);
     - ``drafter``: also load the 0731 release's DSpark drafter (its resident tensors and an
       expert cache of its own, in the plan; default off; a checkpoint without one is a
-      ``ValueError``). No generation loop uses it yet (docs/model.md §8).
+      ``ValueError``), for ``speculate='dspark'``, and ``auto``'s DSpark steps: sessions then
+      keep its state in step from their first token (docs/model.md §9).
     """
     p = Path(path)
     config = load_config(p)

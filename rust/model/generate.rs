@@ -15,6 +15,7 @@
 //!   allows (computed while the forward pass runs), and the sampled token advances it; the
 //!   constraint belongs to the generation, never to the session (docs/architecture.md §7.2).
 
+mod draft;
 mod speculate;
 mod together;
 
@@ -48,6 +49,9 @@ pub struct Session {
     /// the whole pass (its journal open) until `settle` cuts it back to what was handed out,
     /// so that whatever the caller does next sees plain decoding's state (docs/model.md §9).
     verified: Option<Box<Verified>>,
+    /// The DSpark drafter's state, kept in step with `st` while the session drafts with
+    /// DSpark (`draft.rs` has the rules); None for every other session.
+    ds: Option<crate::model::dspark::DraftState>,
 }
 
 /// One session's part of `Session::feed_batch`: the tokens it feeds after its pending one,
@@ -206,6 +210,7 @@ impl Session {
     pub fn new(model: Arc<Model>) -> Session {
         Session {
             st: model.new_state(),
+            ds: draft::initial(&model),
             model,
             pending: None,
             last: None,
@@ -276,9 +281,7 @@ impl Session {
         if all.is_empty() {
             return Ok(());
         }
-        let v = self
-            .model
-            .forward_reporting(&mut self.st, &all, Want::Last, cancel, report)?;
+        let v = self.forward_fed(&all, Want::Last, cancel, report)?;
         self.pending = None;
         self.last = Some(v);
         Ok(())
@@ -305,28 +308,38 @@ impl Session {
         }
         for i in items.iter_mut() {
             i.session.settle()?;
+            i.session.draft_follow();
         }
         let fed: Vec<Vec<u32>> = items
             .iter()
             .map(|i| i.session.pending.iter().chain(i.ids).copied().collect())
             .collect();
-        let mut seqs: Vec<Seq> = items
-            .iter_mut()
-            .zip(&fed)
-            .map(|(i, ids)| Seq {
-                st: &mut i.session.st,
+        let mut seqs: Vec<Seq> = Vec::with_capacity(items.len());
+        let mut observers = Vec::with_capacity(items.len());
+        for (i, ids) in items.iter_mut().zip(&fed) {
+            let s = &mut *i.session;
+            // the drafter states in step are observed in the same pass (draft.rs)
+            let pos0 = s.st.pos();
+            observers.push(s.ds.as_mut().filter(|d| d.len() == pos0).map(|d| (d, pos0)));
+            seqs.push(Seq {
+                st: &mut s.st,
                 ids,
                 // the last row always: the session keeps it
                 want: match i.want {
                     Want::All => Want::All,
                     _ => Want::Last,
                 },
-            })
-            .collect();
-        let outs = model.forward_batch(&mut seqs, cancel)?;
+            });
+        }
+        let (outs, observed) = draft::forward_batch_observed(&model, &mut seqs, observers, cancel)?;
         drop(seqs);
         let v = model.cfg.vocab_size;
         let mut res = Vec::with_capacity(items.len());
+        for ((i, ok), ids) in items.iter_mut().zip(observed).zip(&fed) {
+            if !ok && !ids.is_empty() {
+                i.session.ds = None; // fed without being observed
+            }
+        }
         for ((i, ids), out) in items.iter_mut().zip(&fed).zip(outs) {
             if ids.is_empty() {
                 res.push(Vec::new());
@@ -383,6 +396,9 @@ impl Session {
         // generation's are settled
         if let Some(tok) = self.hand_out(g)? {
             return Ok(Some(tok));
+        }
+        if g.prompt.is_some() {
+            self.draft_begin(g.spec.as_deref());
         }
         if g.stopped {
             if let Some(prompt) = &g.prompt {
@@ -482,6 +498,7 @@ impl Session {
         self.flush(&[], cancel)?;
         let mut snap = self.st.snapshot();
         snap.logits = self.last.clone();
+        snap.draft = self.ds.clone();
         Ok(snap)
     }
 
@@ -493,6 +510,7 @@ impl Session {
         self.st.rollback(snap)?;
         self.pending = None;
         self.last.clone_from(&snap.logits);
+        self.draft_rollback(snap);
         Ok(())
     }
 
@@ -538,6 +556,7 @@ impl Session {
             pending: f.pending,
             last: f.last,
             verified: None,
+            ds: None, // what the model was fed before is not observed (draft.rs)
         };
         Ok((s, f.metadata))
     }
@@ -548,8 +567,14 @@ impl Session {
         self.pending = None;
         self.last = None;
         self.verified = None;
+        self.ds = match self.ds {
+            Some(_) => self.model.drafter_state().ok(),
+            None => draft::initial(&self.model),
+        };
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_dspark;

@@ -46,6 +46,7 @@ impl State {
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             logits: None,
+            draft: None,
             owner: self.owner,
             tokens: self.tokens.clone(),
             layers: self
@@ -258,6 +259,9 @@ pub struct Snapshot {
     /// The logits after the last token, when the session had them (None for the state's own
     /// snapshots, `State::snapshot`).
     pub logits: Option<Vec<f32>>,
+    /// The DSpark drafter's state at the snapshot, when the session kept one in step
+    /// (`generate::Session::snapshot`), so that a rollback keeps drafting with DSpark.
+    pub draft: Option<super::dspark::DraftState>,
 }
 
 impl Snapshot {

@@ -17,6 +17,13 @@
 //! drafts as successes and the first rejected one as a failure; older observations decay).
 //! Where drafting is predicted to lose, only an occasional probe (one draft) keeps the
 //! acceptance current, which bounds what a drafter that is never right costs.
+//!
+//! A drafter that costs time to draft (DSpark: a pass of its stages, `observe_draft`) adds its
+//! measured draft time `d(k)` to the pass: verifying `k` drafts pays when
+//! `E(a, k) / (t(k + 1) + d(k))` beats `1 / t(1)`. The draft is made before `k` is verified,
+//! so it is only made when `choose` picked `k > 0`; its probes come as much rarer as a probe
+//! costs more than a plain step (`probe_every`), so that a drafter that never pays costs at
+//! most about a thirty-second of a step's time.
 
 /// Most drafts verified in one pass.
 pub const K_MAX: usize = 6;
@@ -41,6 +48,9 @@ pub struct CostModel {
     succ: f64,
     trials: f64,
     since_probe: u32,
+    /// Running average of measured draft times by drafts made (index k; 0 unused): zero for
+    /// a drafter never timed (prompt lookup, free to make).
+    draft: [Option<f64>; K_MAX + 2],
 }
 
 impl Default for CostModel {
@@ -51,6 +61,7 @@ impl Default for CostModel {
             succ: 1.0,
             trials: 2.0,
             since_probe: 0,
+            draft: [None; K_MAX + 2],
         }
     }
 }
@@ -81,6 +92,28 @@ impl CostModel {
             None => secs,
             Some(old) => old + TIME_WEIGHT * (secs - old),
         });
+    }
+
+    /// Records a draft of `k` tokens that took `secs` to make.
+    pub fn observe_draft(&mut self, k: usize, secs: f64) {
+        if k == 0 || k >= self.draft.len() || !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        self.draft[k] = Some(match self.draft[k] {
+            None => secs,
+            Some(old) => old + TIME_WEIGHT * (secs - old),
+        });
+    }
+
+    /// What drafting `k` tokens costs: measured, else the most any measured draft took (a
+    /// DSpark draft runs its whole block whatever k, so k changes it by tens of percent at
+    /// most; a k chosen on that guess is measured from then on), else 0 (a drafter never
+    /// timed is free).
+    pub fn draft_time(&self, k: usize) -> f64 {
+        if let Some(Some(t)) = self.draft.get(k) {
+            return *t;
+        }
+        self.draft.iter().flatten().fold(0.0, |a, &t| a.max(t))
     }
 
     /// Records a verify of `k` drafts of which the first `accepted` were right.
@@ -138,11 +171,25 @@ impl CostModel {
         t1
     }
 
-    /// The predicted speed-up of verifying `k` drafts over plain steps (1.0 for k = 0).
+    /// The predicted speed-up of verifying `k` drafts over plain steps (1.0 for k = 0), the
+    /// draft's time included.
     pub fn gain(&self, k: usize) -> Option<f64> {
         let t1 = self.pass_time(1)?;
         let tk = self.pass_time(k + 1)?;
-        Some(expected_tokens(self.acceptance(), k) / tk * t1)
+        let dk = if k == 0 { 0.0 } else { self.draft_time(k) };
+        Some(expected_tokens(self.acceptance(), k) / (tk + dk) * t1)
+    }
+
+    /// Opportunities between probes: `PROBE_EVERY`, times what a probe costs over a plain
+    /// step in plain steps (at least once): a probe of a free drafter costs one token more
+    /// in a pass, one of DSpark also a draft.
+    fn probe_every(&self) -> u32 {
+        let (Some(t1), Some(t2)) = (self.pass_time(1), self.pass_time(2)) else {
+            return PROBE_EVERY;
+        };
+        let extra = (t2 - t1).max(0.0) + self.draft_time(1);
+        let times = (extra / t1).ceil().clamp(1.0, 1000.0);
+        PROBE_EVERY.saturating_mul(times as u32)
     }
 
     /// How many of `available` drafted tokens to verify: the `k` with the best predicted
@@ -169,7 +216,7 @@ impl CostModel {
             return best.1;
         }
         self.since_probe += 1;
-        if self.since_probe >= PROBE_EVERY {
+        if self.since_probe >= self.probe_every() {
             self.since_probe = 0;
             return 1;
         }
@@ -283,6 +330,45 @@ mod tests {
         assert!((c.acceptance() - 2.0 / 3.0).abs() < 1e-12);
         c.observe_verify(3, 3); // all right, no failure
         assert!(c.acceptance() > 2.0 / 3.0);
+    }
+
+    #[test]
+    fn the_draft_time_counts_against_the_gain() {
+        // cheap passes and good drafts: verified when drafting is free
+        let mut c = measured(&[(1, 1.0), (2, 1.05), (3, 1.1), (5, 1.2)]);
+        for _ in 0..50 {
+            c.observe_verify(4, 3);
+        }
+        assert!(c.choose(4) > 0);
+        assert_eq!(c.draft_time(3), 0.0, "nothing timed: free");
+        // a draft that costs 3 plain steps: never a gain at this acceptance (3/4: at most
+        // 3.05 tokens per 4.2 steps)
+        c.observe_draft(4, 3.0);
+        assert_eq!(c.draft_time(4), 3.0);
+        assert_eq!(
+            c.draft_time(2),
+            3.0,
+            "unmeasured sizes: the most any draft took"
+        );
+        assert!(c.gain(4).unwrap() < 1.0);
+        assert_eq!(c.choose(4), 0);
+        // ... and it is probed more rarely than a free drafter
+        assert!(c.probe_every() >= 2 * PROBE_EVERY);
+        let picks = (0..(PROBE_EVERY as usize * 4))
+            .filter(|_| c.choose(4) > 0)
+            .count();
+        assert!(picks <= 2, "{picks} probes");
+        // a cheap draft (the full model: a step takes seconds) keeps the gain
+        let mut c = measured(&[(1, 1.0), (2, 1.05), (3, 1.1), (5, 1.2)]);
+        for _ in 0..50 {
+            c.observe_verify(4, 3);
+        }
+        c.observe_draft(4, 0.05);
+        assert!(c.gain(4).unwrap() > 1.5);
+        assert!(c.choose(4) > 0);
+        c.observe_draft(0, 9.0);
+        c.observe_draft(3, f64::NAN);
+        assert_eq!(c.draft_time(3), 0.05);
     }
 
     #[test]

@@ -62,15 +62,29 @@ impl Mode {
 pub enum Drafter {
     Lookup(lookup::PromptLookup),
     Oracle(oracle::Oracle),
+    /// The checkpoint's DSpark drafter (`model::dspark`): it drafts from the session's drafter
+    /// state, so the session drafts for it (`generate::Session`), not `propose`.
+    DSpark,
+    /// `auto` on a model with its DSpark drafter loaded: DSpark at the steps where its cost
+    /// model predicts a gain, prompt lookup at the others.
+    Auto(lookup::PromptLookup),
 }
 
 impl Drafter {
-    /// Up to `k` tokens to follow `seq` (the whole sequence, the pending token included).
+    /// Up to `k` tokens to follow `seq` (the whole sequence, the pending token included)
+    /// from the drafters that need nothing but the sequence (DSpark proposes nothing here).
     pub fn propose(&mut self, seq: &[u32], k: usize) -> Vec<u32> {
         match self {
-            Drafter::Lookup(l) => l.propose(seq, k),
+            Drafter::Lookup(l) | Drafter::Auto(l) => l.propose(seq, k),
             Drafter::Oracle(o) => o.propose(seq, k),
+            Drafter::DSpark => Vec::new(),
         }
+    }
+
+    /// Whether it drafts with DSpark (at least at some steps): the session then keeps its
+    /// drafter state in step with the model's.
+    pub fn uses_dspark(&self) -> bool {
+        matches!(self, Drafter::DSpark | Drafter::Auto(_))
     }
 }
 

@@ -11,6 +11,6 @@ from .common import resolve_model
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.predict:
-        return bench.predict(args.mem_gbs, args.mem_gb, args.threads, args.json)
+        return bench.predict(args.mem_gbs, args.mem_gb, args.threads, args.json, args.draft_ms)
     path, _ = resolve_model(args)
     return bench.bench_command(path, args)

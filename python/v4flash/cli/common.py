@@ -185,6 +185,8 @@ def load_model(args: argparse.Namespace, path: Path):
     for opt in opts:
         if getattr(args, opt, None) is not None:
             kw[opt] = getattr(args, opt)
+    if getattr(args, "drafter", False):
+        kw["drafter"] = True
     quiet = getattr(args, "quiet", False)
     dense = None
     if err.is_terminal and not quiet:

@@ -126,7 +126,14 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         help="speculative decoding: drafted tokens verified in one pass, the same answer "
         "sooner when they are right. lookup: drafts copied from the prompt and the answer; "
         "auto: lookup where the measured costs predict a gain, never where they predict a "
-        "loss (default); dspark: the 0731 drafter (not in generation yet); off",
+        "loss (default; with the 0731 drafter loaded, DSpark where it is predicted to gain, "
+        "the draft's time counted); dspark: the 0731 drafter (load with --drafter); off",
+    )
+    g.add_argument(
+        "--drafter",
+        action="store_true",
+        help="also load the 0731 checkpoint's DSpark drafter (0.6 GB resident and a 1.2 GB "
+        "expert cache out of --ram) for --speculate dspark and auto",
     )
     g.add_argument(
         "--io-threads", type=_positive_int, default=8, metavar="N", help=argparse.SUPPRESS
@@ -264,6 +271,13 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         type=_positive_float,
         metavar="GB/S",
         help="memory bandwidth for --predict (default: measured here)",
+    )
+    g.add_argument(
+        "--draft-ms",
+        type=_positive_float,
+        metavar="MS",
+        help="a DSpark draft's time for --predict's DSpark columns, as measured by "
+        "`cargo bench --bench dspark` on a 0731 checkpoint (default: estimated from its reads)",
     )
     # the benchmark's old name for --cache-policy
     p.add_argument(

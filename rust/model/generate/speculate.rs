@@ -24,11 +24,19 @@ use std::time::Instant;
 /// A generation's speculation: its drafter, the cost model that decides how many drafts a
 /// step verifies, and counters.
 pub struct Speculator {
-    drafter: Drafter,
+    pub(super) drafter: Drafter,
+    /// The cost model of the drafter that reads the sequence (lookup, oracle), and DSpark's
+    /// (`dspark` and `auto`: its acceptance and draft time are its own; both see every
+    /// pass's time).
     cost: CostModel,
+    pub(super) dcost: CostModel,
     stats: SpecStats,
     /// Tests: verify this many drafts (or all there are) at every step, whatever the cost.
     pub(super) force_k: Option<usize>,
+    /// Tests: DSpark's drafts replaced by this oracle's (after DSpark drafted: the same
+    /// path, state and timing), so that drafts are accepted on the random fixtures.
+    #[cfg(test)]
+    pub(super) dspark_oracle: Option<crate::speculate::oracle::Oracle>,
 }
 
 impl Speculator {
@@ -36,8 +44,11 @@ impl Speculator {
         Speculator {
             drafter,
             cost: CostModel::new(),
+            dcost: CostModel::new(),
             stats: SpecStats::default(),
             force_k: None,
+            #[cfg(test)]
+            dspark_oracle: None,
         }
     }
 
@@ -45,9 +56,19 @@ impl Speculator {
         self.stats
     }
 
-    /// The running estimate of the drafts' acceptance.
+    /// The running estimate of the drafts' acceptance (DSpark's when it drafts with DSpark
+    /// only).
     pub fn acceptance(&self) -> f64 {
-        self.cost.acceptance()
+        match self.drafter {
+            Drafter::DSpark => self.dcost.acceptance(),
+            _ => self.cost.acceptance(),
+        }
+    }
+
+    /// Records a pass of `m` tokens in both cost models.
+    fn observe_pass(&mut self, m: usize, secs: f64) {
+        self.cost.observe_pass(m, secs);
+        self.dcost.observe_pass(m, secs);
     }
 }
 
@@ -95,10 +116,12 @@ impl Session {
             // cannot happen by construction; stay consistent: back to before the pass
             self.st.journal_end();
             self.st.rollback(&v.before)?;
+            self.draft_follow();
             self.pending = Some(v.pending_before);
             self.last = None;
             return Err(e);
         }
+        self.draft_follow();
         self.pending = pending;
         self.last = None;
         Ok(())
@@ -161,21 +184,47 @@ impl Session {
         if room == 0 {
             return Ok(None);
         }
-        let mut seq = Vec::with_capacity(pos + 1);
-        seq.extend_from_slice(&self.st.tokens);
-        seq.push(pending);
-        let drafts = spec.drafter.propose(&seq, room);
-        let k = match spec.force_k {
-            Some(k) => k.min(drafts.len()),
-            None => spec.cost.choose(drafts.len()),
+        // DSpark's drafts when this step uses it (its cost model chose k, the draft is
+        // made only then), else the sequence drafter's
+        let mut draft_secs = 0.0;
+        let (drafts, dspark) = match self.dspark_k(spec, room) {
+            Some(0) => (Vec::new(), true),
+            Some(k0) => {
+                let t = Instant::now();
+                let d = self.dspark_draft(pending, k0, spec.force_k.is_none());
+                #[cfg(test)]
+                let d = match spec.dspark_oracle.as_mut() {
+                    Some(o) => {
+                        let mut seq = self.st.tokens.clone();
+                        seq.push(pending);
+                        o.propose(&seq, d.len())
+                    }
+                    None => d,
+                };
+                draft_secs = t.elapsed().as_secs_f64();
+                spec.dcost.observe_draft(k0, draft_secs);
+                (d, true)
+            }
+            None => {
+                let mut seq = Vec::with_capacity(pos + 1);
+                seq.extend_from_slice(&self.st.tokens);
+                seq.push(pending);
+                (spec.drafter.propose(&seq, room), false)
+            }
+        };
+        let k = match (dspark, spec.force_k) {
+            (true, _) => drafts.len().min(room),
+            (false, Some(k)) => k.min(drafts.len()),
+            (false, None) => spec.cost.choose(drafts.len()),
         };
         if k == 0 {
             // a plain step, timed for the cost model
             let t0 = Instant::now();
             self.flush(&[], cancel)?;
-            spec.cost.observe_pass(1, t0.elapsed().as_secs_f64());
+            spec.observe_pass(1, t0.elapsed().as_secs_f64());
             let step = SpecStats {
                 plain_steps: 1,
+                saved_s: -draft_secs,
                 ..SpecStats::default()
             };
             spec.stats.add(&step);
@@ -188,7 +237,7 @@ impl Session {
         fed.extend_from_slice(drafts);
         let t0 = Instant::now();
         let before = self.st.journal_begin();
-        let rows = match self.model.forward(&mut self.st, &fed, Want::All, cancel) {
+        let rows = match self.forward_fed(&fed, Want::All, cancel, &|_| {}) {
             Ok(r) => r,
             Err(e) => {
                 self.st.journal_end(); // the pass restored the state
@@ -217,8 +266,13 @@ impl Session {
         let judged = a.min(k);
         let matched = (0..judged).take_while(|&i| out[i].0 == drafts[i]).count();
         let secs = t0.elapsed().as_secs_f64();
-        spec.cost.observe_pass(k + 1, secs);
-        spec.cost.observe_verify(judged, matched);
+        spec.observe_pass(k + 1, secs);
+        let cost = if dspark {
+            &mut spec.dcost
+        } else {
+            &mut spec.cost
+        };
+        cost.observe_verify(judged, matched);
         let mut step = SpecStats {
             verifies: 1,
             drafted: k as u64,
@@ -226,7 +280,7 @@ impl Session {
             ..SpecStats::default()
         };
         if let Some(t1) = spec.cost.pass_time(1) {
-            step.saved_s = a as f64 * t1 - secs;
+            step.saved_s = a as f64 * t1 - secs - draft_secs;
         }
         spec.stats.add(&step);
         self.model.counters.add_speculation(&step);
@@ -244,20 +298,29 @@ impl Session {
     }
 }
 
-/// The drafter `mode` gives a generation on `m` (None: plain decoding). `auto` is prompt
-/// lookup: the DSpark drafter is loaded and tested (`model::dspark`) but not yet part of
-/// generation, so `dspark` is refused, naming what to use instead.
+/// The drafter `mode` gives a generation on `m` (None: plain decoding). `auto` is DSpark and
+/// prompt lookup when the DSpark drafter is loaded (DSpark at the steps its cost model
+/// predicts a gain for, lookup at the others), prompt lookup alone otherwise; `dspark` needs
+/// the drafter loaded.
 pub fn drafter_for(m: &crate::model::Model, mode: Mode) -> Result<Option<Drafter>> {
-    match mode {
-        Mode::Off => Ok(None),
-        Mode::Lookup | Mode::Auto => Ok(Some(Drafter::Lookup(PromptLookup::default()))),
-        Mode::DSpark => Err(Error::arg(if m.drafter.is_none() {
-            "speculate='dspark' needs the checkpoint's DSpark drafter (a 0731 checkpoint loaded \
-             with drafter=True); and drafting with it during generation is not built yet: use \
-             speculate='lookup' or 'auto'"
-        } else {
-            "speculate='dspark': the DSpark drafter is loaded, but drafting with it during \
-             generation is not built yet: use speculate='lookup' or 'auto'"
-        })),
-    }
+    Ok(match mode {
+        Mode::Off => None,
+        Mode::Lookup => Some(Drafter::Lookup(PromptLookup::default())),
+        Mode::Auto if m.drafter.is_some() => Some(Drafter::Auto(PromptLookup::default())),
+        Mode::Auto => Some(Drafter::Lookup(PromptLookup::default())),
+        Mode::DSpark if m.drafter.is_some() => Some(Drafter::DSpark),
+        Mode::DSpark => {
+            return Err(Error::arg(match crate::model::dspark::require(&m.cfg) {
+                Ok(_) => {
+                    "speculate='dspark': the DSpark drafter is not loaded: load the model \
+                     with drafter=True (--drafter), or use speculate='lookup' or 'auto'"
+                }
+                Err(_) => {
+                    "speculate='dspark' needs the checkpoint's DSpark drafter (a 0731 \
+                     checkpoint loaded with drafter=True); this one has none: use \
+                     speculate='lookup' or 'auto'"
+                }
+            }))
+        }
+    })
 }
