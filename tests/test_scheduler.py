@@ -180,3 +180,28 @@ def test_concurrent_chats_equal_each_alone():
     want = [alone.chat(m, **kw).content for m in asks]
     got = _together([lambda m=m: many.chat(m, **kw).content for m in asks])
     assert got == want
+
+
+def test_dspark_sessions_stepped_together_equal_each_alone():
+    """Sessions that keep a DSpark drafter state (rust/model/generate/draft.rs) in rounds of
+    several (plain steps, their feeds observed) and alone (speculative): the tokens and
+    logprobs of plain decoding, and the drafter state still in step afterwards."""
+    plain = model_for("tiny-b")
+    many = model_for("tiny-b", drafter=True, speculate="dspark", sessions=3)
+    vocab = plain.config.vocab_size
+    prompts = [_ids(40 + i, n, vocab) for i, n in enumerate([7, 600, 20])]
+    kw = [
+        dict(max_new_tokens=16, temperature=0.0),
+        dict(max_new_tokens=10, temperature=0.9, seed=2),
+        dict(max_new_tokens=14, temperature=0.8, seed=6),
+    ]
+    want = [_logprob_run(plain, p, k) for p, k in zip(prompts, kw)]
+    got = _together([lambda p=p, k=k: _logprob_run(many, p, k) for p, k in zip(prompts, kw)])
+    assert got == want
+    # alone afterwards (a round of one speculates): still plain decoding's tokens
+    s = many.session()
+    s.feed(prompts[0])
+    ref = plain.session()
+    ref.feed(prompts[0])
+    more = dict(max_new_tokens=12, temperature=0.7, seed=1)
+    assert s.generate([], **more) == ref.generate([], **more)
