@@ -24,33 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
 import httpx
-from serve_ttft import WORDS, free_port, stop
+import serve_ttft
+from serve_ttft import WORDS, stop
 
 
 def start(model: str, ram: str, parallel: int, round_prefill: Optional[int]):
-    port = free_port()
-    cmd = [sys.executable, "-m", "v4flash", "serve", "--model", model, "--ram", ram]
-    cmd += ["--port", str(port), "--prompt-cache", "0", "--parallel", str(parallel)]
+    more = ["--parallel", str(parallel)]
     if round_prefill:
-        cmd += ["--round-prefill", str(round_prefill)]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return p, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    p.kill()
-    raise SystemExit("the server did not come up")
+        more += ["--round-prefill", str(round_prefill)]
+    return serve_ttft.start(model, ram, 0, more=more)
 
 
 def request(url: str, text: str, max_tokens: int, out: Dict[str, Any]) -> None:

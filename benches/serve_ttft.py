@@ -41,9 +41,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: str, ram: str, cache: int, cache_dir: Optional[str] = None):
+def start(model: str, ram: str, cache: int, cache_dir: Optional[str] = None, more=()):
+    """A ``v4flash serve`` on a free port, once its /health answers: (process, url).
+    ``more``: further arguments."""
     port = free_port()
     extra = ["--prompt-cache-dir", cache_dir] if cache_dir else []
+    extra += list(more)
     p = subprocess.Popen(
         [
             sys.executable,
@@ -64,7 +67,7 @@ def start(model: str, ram: str, cache: int, cache_dir: Optional[str] = None):
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    for _ in range(1200):
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return p, url
