@@ -62,6 +62,11 @@ const IDLE: Duration = Duration::from_secs(2);
 /// How often a waiting caller looks at its cancel flag.
 const POLL: Duration = Duration::from_millis(5);
 
+/// A request whose session another call holds waits this long between rounds, and gives up
+/// ("busy") after `BUSY_ROUNDS` of them (about a second alone).
+const BUSY_WAIT: Duration = Duration::from_millis(5);
+const BUSY_ROUNDS: usize = 200;
+
 const BUSY: &str = "this session is busy with another call (one call at a time per session; use separate sessions for concurrency)";
 
 /// The scheduler of one model's sessions.
@@ -114,6 +119,8 @@ struct RoundStats {
     partial: bool,
     /// Feeds it finished (their callers usually step next).
     fed_whole: usize,
+    /// It stepped nothing.
+    idle: bool,
 }
 
 /// One caller's step, waiting or running.
@@ -128,6 +135,8 @@ struct Req {
     fed: usize,
     /// Where the session and the prompt stood before the prompt's first part.
     mark: Option<(Mark, Option<Vec<u32>>)>,
+    /// Rounds its session or generation was taken by another call.
+    busy_rounds: usize,
 }
 
 enum Reply {
@@ -214,6 +223,7 @@ impl Scheduler {
                 reply: tx,
                 stream,
                 fed: 0,
+                busy_rounds: 0,
                 mark: None,
             });
             self.shared.wake.notify_all();
@@ -303,6 +313,10 @@ impl Shared {
             let reqs = std::mem::take(&mut q.reqs);
             drop(q);
             let (kept, stats) = self.round(reqs, partial);
+            if stats.idle && !kept.is_empty() {
+                // only requests whose session is taken: give the other call a moment
+                std::thread::sleep(BUSY_WAIT);
+            }
             partial = stats.partial;
             let mut q = lock(&self.q);
             q.kept = kept.len();
@@ -368,7 +382,7 @@ impl Shared {
         }
         let mut marks: Vec<Option<(Mark, Option<Vec<u32>>)>> =
             live.iter_mut().map(|r| r.mark.take()).collect();
-        // each request's session and generation; a second request on a session is refused
+        // each request's session and generation; one taken by another call waits
         let mut locked = Vec::with_capacity(live.len());
         let mut busy = Vec::new();
         for (i, r) in live.iter().enumerate() {
@@ -428,9 +442,15 @@ impl Shared {
         for (i, e) in failed {
             result[i] = Some(Err(e));
         }
-        for i in busy {
-            result[i] = Some(Err(Error::arg(BUSY)));
+        for &i in &busy {
+            // taken by another call (a second request on one session, a read of it): tried
+            // again next round, for a while
+            live[i].busy_rounds += 1;
+            if live[i].busy_rounds > BUSY_ROUNDS {
+                result[i] = Some(Err(Error::arg(BUSY)));
+            }
         }
+        stats.idle = stepped.is_empty();
         let mut kept = Vec::new();
         for (((mut r, res), mark), left) in live.into_iter().zip(result).zip(marks).zip(left_of) {
             r.mark = mark;

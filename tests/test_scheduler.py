@@ -205,3 +205,31 @@ def test_dspark_sessions_stepped_together_equal_each_alone():
     ref.feed(prompts[0])
     more = dict(max_new_tokens=12, temperature=0.7, seed=1)
     assert s.generate([], **more) == ref.generate([], **more)
+
+
+def test_a_read_of_the_session_while_its_step_waits_does_not_fail_the_step():
+    """The scheduler tries a session another call holds again next round (it does not fail
+    the step): a thread reading the session's tokens in a loop beside its generation."""
+    alone, many = model_for("tiny-a"), model_for("tiny-a", sessions=2)
+    p = _ids(77, 30, alone.config.vocab_size)
+    kw = dict(max_new_tokens=40, temperature=0.9, seed=8)
+    want = alone.session().generate(p, **kw)
+    s = many.session()
+    done = threading.Event()
+    reads = []
+
+    def read():
+        while not done.is_set():
+            try:
+                reads.append(len(s.tokens))
+            except RuntimeError:  # busy while a round holds it: the reader's own problem
+                pass
+
+    t = threading.Thread(target=read)
+    t.start()
+    try:
+        got = s.generate(p, **kw)
+    finally:
+        done.set()
+        t.join(10)
+    assert got == want and reads
