@@ -350,8 +350,8 @@ def load(
       several threads get it as they are; each gets exactly what it gets alone);
     - ``round_prefill``: with several sessions, the prompt tokens fed per round, shared by
       the prompts waiting (default 256 when the expert cache holds at least half of the
-      experts, else the plan's ``prefill_span``, which feeds a long prompt as fast as alone): a new request
-      starts within about one round of a long prompt being fed;
+      experts, else the plan's ``prefill_span``, which feeds a long prompt as fast as
+      alone): a new request starts within about one round of a long prompt being fed;
     - ``io``: ``direct`` (O_DIRECT/F_NOCACHE where the OS allows it, else buffered, the
       default), ``buffered`` (the portable pread path) or ``mmap``; ``io_threads``: the pread
       pool's threads (default 8);
